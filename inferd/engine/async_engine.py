@@ -1,0 +1,152 @@
+"""The engine loop in its own thread, beside an asyncio server.
+
+Requests and aborts cross into the thread through one queue; each step's
+outputs cross back with one call_soon_threadsafe. The loop sleeps while idle.
+"""
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from inferd.engine.engine import LLMEngine
+from inferd.engine.request import EngineError, RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_preemptions: int
+
+
+class EngineDeadError(EngineError):
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="inferd-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        self._inbox.put(("wake", None))
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    def stats(self) -> EngineStats:
+        s, b = self.engine.scheduler, self.engine.blocks
+        return EngineStats(len(s.running), len(s.waiting), b.num_used_blocks, b.num_blocks, s.num_preemptions)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        if self._error is not None:
+            raise EngineDeadError(f"the engine stopped: {self._error}")
+        self.engine.check_request(len(prompt_token_ids), params)
+        if request_id in self._streams:
+            raise EngineError(f"request id {request_id!r} is already in use")
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = stream
+        self._inbox.put(("add", (request_id, prompt_token_ids, params)))
+        finished = False
+        try:
+            while not finished:
+                out = await stream.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._inbox.put(("abort", request_id))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    # ---- engine thread
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._drain_inbox(block=not self.engine.has_work())
+                if self.engine.has_work():
+                    self._deliver(self.engine.step())
+        except BaseException as e:  # the engine is broken: fail every open request, say why once
+            log.exception("engine loop died")
+            self._error = e
+            self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(f"the engine stopped: {e}"))
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        outputs = []
+        while item is not None:
+            outputs += self._handle(*item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                item = None
+        self._deliver(outputs)
+
+    def _handle(self, kind: str, arg) -> list[RequestOutput]:
+        if kind == "add":
+            request_id = arg[0]
+            try:
+                self.engine.add_request(*arg)
+            except EngineError as e:
+                self._loop.call_soon_threadsafe(self._put, request_id, e)
+            return []
+        if kind == "abort":
+            out = self.engine.abort(arg)
+            return [out] if out else []
+        return []
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        if outputs:
+            self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    # ---- event loop side
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            self._put(out.request_id, out)
+
+    def _put(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.put_nowait(item)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for stream in self._streams.values():
+            stream.put_nowait(error)

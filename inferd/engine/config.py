@@ -1,0 +1,19 @@
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 where the CPU has native bf16 matmul, else fp32)
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_cache_gib: float = 1.0
+    num_kv_blocks: int | None = None  # overrides kv_cache_gib when set
+    block_size: int = 16
+    max_model_len: int | None = None  # defaults to the model's context length
+    num_threads: int | None = None  # torch threads for the engine; default: all cores
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:
+            raise ValueError("kv_cache_gib must be positive")

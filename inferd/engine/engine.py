@@ -1,0 +1,165 @@
+import logging
+import time
+
+import torch
+
+from inferd.engine.block_manager import BlockManager
+from inferd.engine.config import EngineConfig
+from inferd.engine.model_runner import ModelRunner, kv_cache_bytes_per_block
+from inferd.engine.request import EngineError, RequestOutput, SamplingParams, TokenLogprob
+from inferd.engine.sampler import Sampler
+from inferd.engine.scheduler import Batch, Scheduler
+from inferd.engine.sequence import Sequence
+from inferd.models.config import LoadedModel
+from inferd.models.llama import LlamaForCausalLM
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
+    return DTYPES[name]
+
+
+def _cpu_has_fast_bf16() -> bool:
+    """bf16 matmuls only beat fp32 where the CPU has AMX or AVX-512 BF16 (measured: 6x faster with AMX, 8x slower without)."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+class LLMEngine:
+    """Synchronous core: add requests, call step(), get outputs. Not thread-safe."""
+
+    def __init__(self, model: LoadedModel, config: EngineConfig):
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.tokenizer = model.tokenizer
+        self.model_name = model.name
+        self.dtype = resolve_dtype(config.dtype)
+        mc = model.config
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.eos_token_ids = set(model.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
+        net = LlamaForCausalLM(mc, self.max_model_len)
+        net.load_weights(model.weights)
+        self.model = net.to(self.dtype).eval()
+        num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 //
+                                                 kv_cache_bytes_per_block(mc, config.block_size, self.dtype))
+        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(config, self.blocks)
+        self.runner = ModelRunner(self.model, self.blocks, self.dtype)
+        self.sampler = Sampler()
+        self.seqs: dict[str, Sequence] = {}
+        log.info("engine: dtype=%s kv_blocks=%d block_size=%d max_model_len=%d", self.dtype, num_blocks,
+                 config.block_size, self.max_model_len)
+
+    # ---- requests
+
+    def check_request(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """Raises EngineError for a request that can never run here. Cheap; call before add_request."""
+        if num_prompt_tokens == 0:
+            raise EngineError("the prompt is empty")
+        total = num_prompt_tokens + params.max_tokens
+        if total > self.max_model_len:
+            raise EngineError(f"this model's maximum context length is {self.max_model_len} tokens; the request "
+                              f"needs {total} ({num_prompt_tokens} in the prompt, {params.max_tokens} to generate)")
+        capacity = self.blocks.num_blocks * self.blocks.block_size
+        if total > capacity:
+            raise EngineError(f"the request needs {total} tokens of KV cache but this replica holds {capacity} "
+                              f"in all; lower max_tokens or the prompt length")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.check_request(len(prompt_token_ids), params)
+        if request_id in self.seqs:
+            raise EngineError(f"request id {request_id!r} is already running")
+        stream = self.tokenizer.new_decode_stream(params.skip_special_tokens)
+        seq = Sequence(request_id, prompt_token_ids, params, stream)
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq, "abort")
+        return self._output(seq, [], [])
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one step
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        return self.run_batch(batch) if batch.seqs else []
+
+    def run_batch(self, batch: Batch) -> list[RequestOutput]:
+        logits = self.runner.run(batch)
+        sampling = [item.seq for item in batch.seqs if item.samples]
+        for item in batch.seqs:
+            item.seq.num_computed_tokens += item.num_tokens
+        tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], [])
+        now = time.monotonic()
+        return [self._append(seq, token, lp, now) for seq, token, lp in zip(sampling, tokens, logprobs)]
+
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float) -> RequestOutput:
+        seq.token_ids.append(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        reason = self._stop_reason(seq, token)
+        if reason is not None:
+            self.seqs.pop(seq.request_id, None)
+            self.scheduler.finish(seq, reason)
+        return self._output(seq, seq.token_ids[-1:], seq.logprobs[-1:] if logprob else [])
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        piece = seq.decode_stream.step(token)
+        if piece:
+            seq.text += piece
+            if p.stop and _cut_at_stop(seq, len(seq.text) - len(piece)):
+                return "stop"
+        if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, seq: Sequence, token_ids: list[int], logprobs: list) -> RequestOutput:
+        end = len(seq.text) if seq.is_finished else len(seq.text) - _held_back(seq)
+        text = seq.text[seq.num_sent_chars:end] if end > seq.num_sent_chars else ""
+        seq.num_sent_chars = max(seq.num_sent_chars, end)
+        queue_s = seq.first_scheduled_time - seq.arrival_time if seq.first_scheduled_time else None
+        return RequestOutput(seq.request_id, text, token_ids, logprobs if seq.params.logprobs else None,
+                             seq.is_finished, seq.finish_reason, seq.num_prompt_tokens, seq.num_output_tokens,
+                             seq.first_token_time, queue_s)
+
+
+def _cut_at_stop(seq: Sequence, new_from: int) -> bool:
+    """Cuts seq.text at the first stop string that ends in the new text; True if one did."""
+    longest = max(len(s) for s in seq.params.stop)
+    start = max(0, new_from - longest + 1)
+    hits = [i for i in (seq.text.find(s, start) for s in seq.params.stop) if i >= 0]
+    if not hits:
+        return False
+    seq.text = seq.text[:min(hits)]
+    return True
+
+
+def _held_back(seq: Sequence) -> int:
+    """Length of the text's tail that could still become a stop string: not sent yet."""
+    for n in range(min(len(seq.text), max((len(s) for s in seq.params.stop), default=0)), 0, -1):
+        tail = seq.text[-n:]
+        if any(s.startswith(tail) for s in seq.params.stop):
+            return n
+    return 0

@@ -1,0 +1,93 @@
+"""Per-request sampling over one batch of logits.
+
+Logprobs are those of the model (before penalties and temperature), as
+vLLM reports them. Random draws use the exponential race (argmax of p / E,
+E ~ Exp(1)), with a per-sequence generator when the request has a seed, so a
+seeded request gives the same tokens whatever else is in the batch.
+"""
+import torch
+
+from inferd.engine.request import TokenLogprob
+from inferd.engine.sequence import Sequence
+
+
+class Sampler:
+    def __init__(self, seed: int | None = None):
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
+        assert logits.shape[0] == len(seqs)
+        logprobs = _logprobs(logits, seqs)
+        logits = _apply_penalties(logits, seqs)
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        if random_rows:
+            rows = torch.tensor(random_rows)
+            tokens[rows] = self._sample(logits[rows], [seqs[i] for i in random_rows])
+        tokens = tokens.tolist()
+        return tokens, [_entry(lp, t) if lp is not None else None for lp, t in zip(logprobs, tokens)]
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        temperature = torch.tensor([s.params.temperature for s in seqs]).unsqueeze(1)
+        logits = _top_k_top_p(logits / temperature, seqs)
+        probs = logits.softmax(dim=-1)
+        noise = torch.empty_like(probs)
+        noise.exponential_(generator=self.generator)
+        for i, seq in enumerate(seqs):
+            if seq.generator is not None:
+                noise[i].exponential_(generator=seq.generator)
+        return (probs / noise).argmax(dim=-1)
+
+
+def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    rows = [i for i, s in enumerate(seqs) if s.params.presence_penalty or s.params.frequency_penalty]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    for i in rows:
+        p, out = seqs[i].params, seqs[i].output_token_ids
+        if not out:
+            continue
+        counts = torch.bincount(torch.tensor(out), minlength=logits.shape[1])[: logits.shape[1]].to(logits.dtype)
+        logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def _top_k_top_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    top_k = [s.params.top_k for s in seqs]
+    top_p = [s.params.top_p for s in seqs]
+    if not any(top_k) and all(p >= 1.0 for p in top_p):
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[1]
+    k = torch.tensor([x if x > 0 else vocab for x in top_k]).clamp(max=vocab)
+    cut = torch.arange(vocab).unsqueeze(0) >= k.unsqueeze(1)
+    probs = sorted_logits.masked_fill(cut, float("-inf")).softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
+    cut |= before >= torch.tensor(top_p).unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _logprobs(logits: torch.Tensor, seqs: list[Sequence]) -> list[tuple[torch.Tensor, list] | None]:
+    rows = [i for i, s in enumerate(seqs) if s.params.logprobs]
+    out: list = [None] * len(seqs)
+    if not rows:
+        return out
+    lp = logits[rows].log_softmax(dim=-1)
+    k = max(seqs[i].params.top_logprobs for i in rows)
+    top_values, top_ids = lp.topk(k, dim=-1) if k else (None, None)
+    for j, i in enumerate(rows):
+        n = seqs[i].params.top_logprobs
+        top = list(zip(top_ids[j, :n].tolist(), top_values[j, :n].tolist())) if n else []
+        out[i] = (lp[j], top)
+    return out
+
+
+def _entry(logprob: tuple[torch.Tensor, list], token: int) -> TokenLogprob:
+    row, top = logprob
+    return TokenLogprob(token, row[token].item(), top)

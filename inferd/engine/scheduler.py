@@ -1,0 +1,115 @@
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from inferd.engine.block_manager import BlockManager
+from inferd.engine.config import EngineConfig
+from inferd.engine.sequence import Sequence, Status
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens computed for it this step
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last token, so it yields a new one."""
+        return self.seq.num_computed_tokens + self.num_tokens == len(self.seq)
+
+
+@dataclass(slots=True)
+class Batch:
+    decodes: list[ScheduledSeq]  # one token each, listed first
+    prefills: list[ScheduledSeq]  # a chunk of the prompt (or of a preempted sequence) each
+
+    @property
+    def seqs(self) -> list[ScheduledSeq]:
+        return self.decodes + self.prefills
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.decodes) + sum(s.num_tokens for s in self.prefills)
+
+
+class Scheduler:
+    """Continuous batching under a token budget: decodes first, then prompt chunks.
+
+    When the KV pool runs out, the newest running sequence is preempted: its
+    blocks are freed and it is recomputed later from its tokens.
+    """
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.blocks = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Batch:
+        batch = Batch([], [])
+        budget = self.max_num_batched_tokens
+        budget, preempted = self._schedule_running(batch, budget)
+        if not preempted:
+            self._schedule_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: Batch, budget: int) -> tuple[int, bool]:
+        queue = deque(sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1))  # decodes first, stable
+        kept, preempted = deque(), False
+        while queue and budget > 0:
+            seq = queue.popleft()
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not self.blocks.can_allocate(seq, seq.num_computed_tokens + n):
+                preempted = True
+                if not queue:
+                    self._preempt(seq)
+                    break
+                self._preempt(queue.pop())
+            else:
+                self.blocks.allocate(seq, seq.num_computed_tokens + n)
+                (batch.decodes if seq.num_uncomputed_tokens == 1 else batch.prefills).append(ScheduledSeq(seq, n))
+                budget -= n
+                kept.append(seq)
+        kept.extend(queue)  # over budget this step, still running
+        self.running = deque(sorted(kept, key=lambda s: s.arrival_time))
+        return budget, preempted
+
+    def _schedule_waiting(self, batch: Batch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self.blocks.can_allocate(seq, seq.num_computed_tokens + n):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            seq.status = Status.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
+            self.running.append(seq)
+            batch.prefills.append(ScheduledSeq(seq, n))
+            budget -= n
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Ends a sequence wherever it is and gives its blocks back at once."""
+        if seq.status == Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == Status.WAITING:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason

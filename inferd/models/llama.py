@@ -1,0 +1,222 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) over a paged KV cache.
+
+Tokens of one step are flattened to [T, hidden]: every linear runs once over all
+of them. Attention reads the paged cache through `AttentionMetadata`: the
+decode tokens (one query each) come first and are batched; each prefill chunk
+follows and runs on its own.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferd.models.config import ModelConfig
+
+
+class UnsupportedModelError(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    start: int  # first row of this chunk in the step's tokens
+    num_tokens: int  # query tokens in this chunk
+    context_blocks: torch.Tensor  # [nb] cache blocks holding the whole context, this chunk included
+    context_len: int
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+    num_decode_tokens: int  # rows [0, D) are decodes, one token each
+    block_size: int
+    decode_blocks: torch.Tensor | None  # [D, nb] block table of each decode, padded
+    decode_mask: torch.Tensor | None  # [D, 1, 1, nb * block_size] True where a key is visible
+    prefills: list[PrefillChunk]
+
+
+# ---- rotary embedding
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv_freq.float()
+    if kind == "linear":
+        return (inv_freq / scaling["factor"]).float()
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling).float()
+    raise UnsupportedModelError(f"rope scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old_len = s.get("original_max_position_embeddings", 8192)
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)
+    scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    out = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+    return torch.where(mid, scaled, out)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config: ModelConfig, max_positions: int):
+        super().__init__()
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(config))
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+# ---- layers
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, x, positions, rope, meta: AttentionMetadata, k_cache, v_cache):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = rope(positions, q, k)
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v.view(-1, self.num_kv_heads, self.head_dim))
+        out = torch.empty_like(q)
+        d = meta.num_decode_tokens
+        if d:
+            out[:d] = self._decode(q[:d], meta, k_cache, v_cache)
+        for chunk in meta.prefills:
+            rows = slice(chunk.start, chunk.start + chunk.num_tokens)
+            out[rows] = self._prefill(q[rows], chunk, meta.block_size, k_cache, v_cache)
+        return self.o_proj(out.view(-1, self.q_size))
+
+    def _gather(self, cache, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+        """[..., nb] block ids -> [..., nb * block_size, KVH, hd], copied a whole block at a time."""
+        paged = cache.view(-1, block_size, self.num_kv_heads, self.head_dim)
+        return paged.index_select(0, blocks.flatten()).view(*blocks.shape[:-1], -1, self.num_kv_heads, self.head_dim)
+
+    def _decode(self, q, meta: AttentionMetadata, k_cache, v_cache):
+        d = meta.decode_blocks.shape[0]
+        group = self.num_heads // self.num_kv_heads
+        keys = self._gather(k_cache, meta.decode_blocks, meta.block_size).transpose(1, 2)  # [D, KVH, S, hd]
+        values = self._gather(v_cache, meta.decode_blocks, meta.block_size).transpose(1, 2)
+        q = q.view(d, self.num_kv_heads, group, self.head_dim)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.decode_mask, scale=self.scale)
+        return out.reshape(d, self.num_heads, self.head_dim)
+
+    def _prefill(self, q, chunk: PrefillChunk, block_size: int, k_cache, v_cache):
+        n, ctx = q.shape[0], chunk.context_len
+        keys = self._gather(k_cache, chunk.context_blocks, block_size)[:ctx].transpose(0, 1).unsqueeze(0)
+        values = self._gather(v_cache, chunk.context_blocks, block_size)[:ctx].transpose(0, 1).unsqueeze(0)
+        q = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
+        if n == ctx:
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scale, enable_gqa=True)
+        else:
+            visible = torch.arange(ctx) <= torch.arange(ctx - n, ctx).unsqueeze(1)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scale, enable_gqa=True)
+        return out.squeeze(0).transpose(0, 1)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, h, positions, rope, meta, k_cache, v_cache):
+        h = h + self.self_attn(self.input_layernorm(h), positions, rope, meta, k_cache, v_cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+# ---- model
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, max_positions: int):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = RotaryEmbedding(config, max_positions)
+
+    @torch.inference_mode()
+    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: torch.Tensor,
+                logits_indices: torch.Tensor) -> torch.Tensor:
+        """kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns fp32 logits of the rows asked for."""
+        h = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, positions, self.rope, meta, kv_cache[i, 0], kv_cache[i, 1])
+        h = self.norm(h[logits_indices])
+        return self.lm_head(h).float()
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Takes Hugging Face names; fuses q/k/v and gate/up."""
+        params = dict(self.named_parameters())
+        for name, tensor in _fused(weights, self.config):
+            name = name.removeprefix("model.")
+            if name not in params:
+                raise UnsupportedModelError(f"unexpected weight {name!r}")
+            if params[name].shape != tensor.shape:
+                raise UnsupportedModelError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(params[name].shape)}")
+            with torch.no_grad():
+                params[name].copy_(tensor)
+
+
+def _fused(weights: dict[str, torch.Tensor], config: ModelConfig):
+    weights = dict(weights)
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        for kind in ("weight", "bias") if config.attention_bias else ("weight",):
+            parts = [weights.pop(f"{p}self_attn.{x}_proj.{kind}") for x in "qkv"]
+            yield f"{p}self_attn.qkv_proj.{kind}", torch.cat(parts)
+        yield f"{p}mlp.gate_up_proj.weight", torch.cat([weights.pop(f"{p}mlp.gate_proj.weight"),
+                                                         weights.pop(f"{p}mlp.up_proj.weight")])
+    yield from weights.items()
