@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from inferd.engine.engine import LLMEngine
-from inferd.engine.request import EngineError, RequestOutput, SamplingParams
+from inferd.engine.request import EngineDeadError, EngineError, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +23,6 @@ class EngineStats:
     kv_blocks_used: int
     kv_blocks_total: int
     num_preemptions: int
-
-
-class EngineDeadError(EngineError):
-    pass
 
 
 class AsyncEngine:
@@ -50,6 +46,11 @@ class AsyncEngine:
     @property
     def model_name(self) -> str:
         return self.engine.model_name
+
+    @property
+    def healthy(self) -> bool:
+        """False once the engine loop has died."""
+        return self._error is None and (self._thread is None or self._thread.is_alive() or self._stopping.is_set())
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -10,6 +10,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # overrides kv_cache_gib when set
     block_size: int = 16
     max_model_len: int | None = None  # defaults to the model's context length
+    pack_weights: bool = True  # prepack linear weights for oneDNN where the CPU supports the dtype
     num_threads: int | None = None  # torch threads for the engine; default: all cores
 
     def __post_init__(self):

@@ -12,6 +12,7 @@ from inferd.engine.scheduler import Batch, Scheduler
 from inferd.engine.sequence import Sequence
 from inferd.models.config import LoadedModel
 from inferd.models.llama import LlamaForCausalLM
+from inferd.models.packed import pack_linears
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class LLMEngine:
         net = LlamaForCausalLM(mc, self.max_model_len)
         net.load_weights(model.weights)
         self.model = net.to(self.dtype).eval()
+        if config.pack_weights:
+            pack_linears(self.model, self.dtype)
         num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 //
                                                  kv_cache_bytes_per_block(mc, config.block_size, self.dtype))
         self.blocks = BlockManager(num_blocks, config.block_size)

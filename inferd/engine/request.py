@@ -5,6 +5,10 @@ class EngineError(Exception):
     """A request the engine cannot take; the message is shown to the user."""
 
 
+class EngineDeadError(Exception):
+    """The engine loop stopped; nothing can run until the replica restarts."""
+
+
 @dataclass(slots=True)
 class SamplingParams:
     max_tokens: int = 16

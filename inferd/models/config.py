@@ -1,7 +1,11 @@
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from inferd.models.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)
@@ -39,5 +43,5 @@ class LoadedModel:
     path: Path
     config: ModelConfig
     weights: dict[str, torch.Tensor]
-    tokenizer: "Tokenizer"  # inferd.models.tokenizer.Tokenizer
+    tokenizer: "Tokenizer"
     digests: dict[str, str]  # sha256 hex of "weights", "tokenizer", "chat_template"

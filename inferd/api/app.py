@@ -1,0 +1,298 @@
+import asyncio
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import Lifespan
+
+from inferd.api.errors import (ClientClosedRequest, InvalidRequest, ModelNotFound, PayloadTooLarge,
+                               ServiceUnavailable, error_body, to_api_error)
+from inferd.api.protocol import (ChatCompletionRequest, ChoiceResult, CompletionRequest, ResponseMeta,
+                                 SamplingRequest, chat_chunk, chat_logprobs, chat_response, completion_chunk,
+                                 completion_logprobs, completion_response, usage_body, usage_chunk)
+from inferd.api.middleware import RequestContextMiddleware, http_exception_handler
+from inferd.api.sse import SSE_DONE, SSEResponse, sse_event
+from inferd.engine.request import RequestOutput, SamplingParams
+from inferd.telemetry.metrics import ServerMetrics
+
+T = TypeVar("T")
+
+
+# what the API needs from a model runtime (the replica wires the engine in)
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    name: str
+    max_model_len: int
+    vocab_size: int
+    source_path: str
+    digests: dict[str, str]
+    created_unix_s: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def fingerprint(self) -> str | None:
+        weights = self.digests.get("weights")
+        return f"fp_{weights[:12]}" if weights else None
+
+
+class TextBackend(Protocol):
+    info: ModelInfo
+    tokenizer: Tokenizer
+
+    def generate(self, request_id: str, prompt_token_ids: list[int],
+                 params: SamplingParams) -> AsyncIterator[RequestOutput]: ...
+
+
+@dataclass(slots=True)
+class APIConfig:
+    api_key: str | None = None
+    max_body_bytes: int = 16 * 2**20
+
+
+@dataclass(slots=True)
+class Job:
+    """One choice: one engine sequence."""
+    index: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_s: float  # time.monotonic() when the HTTP request arrived
+
+
+# routes
+
+class OpenAIRoutes:
+    def __init__(self, backend: TextBackend, config: APIConfig, metrics: ServerMetrics | None):
+        self.backend = backend
+        self.config = config
+        self.metrics = metrics
+
+    def routes(self) -> list[BaseRoute]:
+        return [Route("/v1/models", self.list_models, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"])]
+
+    async def list_models(self, request: Request) -> Response:
+        info = self.backend.info
+        card = {"id": info.name, "object": "model", "created": info.created_unix_s, "owned_by": "inferd",
+                "max_model_len": info.max_model_len, "source_path": info.source_path, "digests": info.digests}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = ChatCompletionRequest.model_validate(await _read_json(request, self.config.max_body_bytes))
+        self._check_model(body.model)
+        text = self.backend.tokenizer.apply_chat_template(body.template_messages(), add_generation_prompt=True)
+        prompt = self.backend.tokenizer.encode(text, add_special_tokens=False)
+        jobs = self._jobs(request, body, [prompt])
+        meta = self._meta("chatcmpl", request)
+        if body.stream:
+            return await self._stream(request, self._chat_events(meta, body, jobs, [len(prompt)]))
+        results = await _unless_disconnected(request, self._collect(jobs))
+        return JSONResponse(chat_response(meta, results, _usage([len(prompt)], results), self._token_text,
+                                          bool(body.logprobs)))
+
+    async def completions(self, request: Request) -> Response:
+        body = CompletionRequest.model_validate(await _read_json(request, self.config.max_body_bytes))
+        self._check_model(body.model)
+        prompts = [self._prompt_ids(p) for p in body.prompts()]
+        jobs = self._jobs(request, body, prompts)
+        meta = self._meta("cmpl", request)
+        lens = [len(p) for p in prompts]
+        if body.stream:
+            return await self._stream(request, self._completion_events(meta, body, jobs, lens))
+        results = await _unless_disconnected(request, self._collect(jobs))
+        return JSONResponse(completion_response(meta, results, _usage(lens, results), self._token_text,
+                                                body.logprobs is not None))
+
+    # request preparation
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.backend.info.name:
+            raise ModelNotFound(f"The model '{model}' does not exist; this server serves "
+                                f"'{self.backend.info.name}'.", param="model")
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.backend.tokenizer.encode(prompt, add_special_tokens=True)
+        vocab_size = self.backend.info.vocab_size
+        if any(t >= vocab_size for t in prompt):
+            raise InvalidRequest(f"token ids must be below the vocabulary size {vocab_size}", param="prompt")
+        return prompt
+
+    def _jobs(self, request: Request, body: SamplingRequest, prompts: list[list[int]]) -> list[Job]:
+        rid, n, max_len = request.state.request_id, body.num_choices, self.backend.info.max_model_len
+        if any(not p for p in prompts):
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        return [Job(i * n + j, f"{rid}-{i * n + j}", p, body.sampling_params(len(p), max_len, j),
+                    request.state.arrival_s) for i, p in enumerate(prompts) for j in range(n)]
+
+    def _meta(self, prefix: str, request: Request) -> ResponseMeta:
+        info = self.backend.info
+        return ResponseMeta(f"{prefix}-{request.state.request_id}", int(time.time()), info.name, info.fingerprint)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.backend.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    # running choices
+
+    async def _outputs(self, jobs: list[Job]) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        """All choices run concurrently; their outputs merged in arrival order."""
+        queue: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
+        tasks = [asyncio.create_task(self._pump(job, queue)) for job in jobs]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                index, item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item is None:
+                    remaining -= 1
+                elif item.finished and item.finish_reason == "abort":
+                    raise ServiceUnavailable("The request was aborted by the server; retry it.")
+                else:
+                    yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _pump(self, job: Job, queue: asyncio.Queue) -> None:
+        trace = self.metrics.start_sequence(job.arrival_s) if self.metrics else None
+        try:
+            async with aclosing(self.backend.generate(job.request_id, job.prompt_token_ids, job.params)) as outs:
+                async for out in outs:
+                    if trace:
+                        trace.observe(out)
+                    queue.put_nowait((job.index, out))
+            queue.put_nowait((job.index, None))
+        except asyncio.CancelledError:
+            if trace:
+                trace.abort()
+            raise
+        except Exception as exc:
+            queue.put_nowait((job.index, exc))
+
+    async def _collect(self, jobs: list[Job]) -> list[ChoiceResult]:
+        results = [ChoiceResult(job.index) for job in jobs]
+        async with aclosing(self._outputs(jobs)) as outputs:
+            async for index, out in outputs:
+                results[index].add(out)
+        return results
+
+    # streaming
+
+    async def _stream(self, request: Request, events: AsyncGenerator[bytes, None]) -> Response:
+        """Wait for the first event, so that a request failing before any output gets a real status code."""
+        try:
+            first = await _unless_disconnected(request, anext(events))
+        except BaseException:
+            await events.aclose()
+            raise
+        return SSEResponse(_sse_body(first, events))
+
+    async def _chat_events(self, meta: ResponseMeta, body: ChatCompletionRequest, jobs: list[Job],
+                           prompt_lens: list[int]) -> AsyncGenerator[bytes, None]:
+        usage, tokens, started = body.include_usage, [0] * len(jobs), [False] * len(jobs)
+        async with aclosing(self._outputs(jobs)) as outputs:
+            async for index, out in outputs:
+                if not started[index]:
+                    started[index] = True
+                    yield sse_event(chat_chunk(meta, index, {"role": "assistant", "content": ""}, None, None, usage))
+                tokens[index] = out.num_output_tokens
+                lps = chat_logprobs(out.logprobs, self._token_text) if body.logprobs and out.logprobs else None
+                if out.text or lps or out.finished:
+                    delta = {"content": out.text} if out.text else {}
+                    yield sse_event(chat_chunk(meta, index, delta, lps, _finish(out), usage))
+        if usage:
+            yield sse_event(usage_chunk(meta, "chat.completion.chunk", usage_body(sum(prompt_lens), sum(tokens))))
+        yield SSE_DONE
+
+    async def _completion_events(self, meta: ResponseMeta, body: CompletionRequest, jobs: list[Job],
+                                 prompt_lens: list[int]) -> AsyncGenerator[bytes, None]:
+        usage, tokens, offsets = body.include_usage, [0] * len(jobs), [0] * len(jobs)
+        async with aclosing(self._outputs(jobs)) as outputs:
+            async for index, out in outputs:
+                tokens[index] = out.num_output_tokens
+                lps = None
+                if body.logprobs is not None and out.logprobs:
+                    lps = completion_logprobs(out.logprobs, self._token_text, offsets[index])
+                offsets[index] += len(out.text)
+                if out.text or lps or out.finished:
+                    yield sse_event(completion_chunk(meta, index, out.text, lps, _finish(out), usage))
+        if usage:
+            yield sse_event(usage_chunk(meta, "text_completion", usage_body(sum(prompt_lens), sum(tokens))))
+        yield SSE_DONE
+
+
+# helpers
+
+def create_app(backend: TextBackend, config: APIConfig, *, metrics: ServerMetrics | None = None,
+               extra_routes: Sequence[BaseRoute] = (), lifespan: Lifespan | None = None) -> Starlette:
+    """The OpenAI-compatible app; extra_routes (health, metrics) share its request ids and error shape."""
+    routes = OpenAIRoutes(backend, config, metrics).routes() + list(extra_routes)
+    return Starlette(routes=routes, middleware=[Middleware(RequestContextMiddleware, api_key=config.api_key)],
+                     exception_handlers={HTTPException: http_exception_handler}, lifespan=lifespan)
+
+
+async def _read_json(request: Request, max_body_bytes: int) -> Any:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise PayloadTooLarge(f"The request body is larger than {max_body_bytes} bytes.")
+        chunks.append(chunk)
+    return json.loads(b"".join(chunks))
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Runs work; cancels it and raises ClientClosedRequest if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        task.cancel()
+        await asyncio.wait({task})
+    if task.cancelled():
+        raise ClientClosedRequest("The client closed the connection.")
+    return task.result()
+
+
+async def _sse_body(first: bytes, events: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    try:
+        yield first
+        async for event in events:
+            yield event
+    except Exception as exc:
+        yield sse_event(error_body(to_api_error(exc)))
+        yield SSE_DONE
+    finally:
+        await events.aclose()
+
+
+def _finish(out: RequestOutput) -> str | None:
+    return out.finish_reason if out.finished else None
+
+
+def _usage(prompt_lens: list[int], results: list[ChoiceResult]) -> dict:
+    return usage_body(sum(prompt_lens), sum(r.num_output_tokens for r in results))

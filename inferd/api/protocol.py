@@ -1,0 +1,286 @@
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from inferd.api.errors import ContextLengthExceeded, InvalidRequest
+from inferd.engine.request import RequestOutput, SamplingParams, TokenLogprob
+
+MAX_SEED = 2**63
+MAX_CHOICES_PER_REQUEST = 256
+StopString = Annotated[str, Field(min_length=1)]
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+# request bodies
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def as_template_dict(self) -> dict[str, str]:
+        role = "system" if self.role == "developer" else self.role
+        if isinstance(self.content, list):
+            return {"role": role, "content": "\n".join(p.text for p in self.content)}
+        return {"role": role, "content": self.content or ""}
+
+
+class SamplingRequest(_Body):
+    """Fields shared by chat completions and completions."""
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    n: int | None = Field(None, ge=1, le=16)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
+    seed: int | None = Field(None, ge=-MAX_SEED, lt=MAX_SEED)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    ignore_eos: bool | None = False
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    user: str | None = None
+
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def logprob_settings(self) -> tuple[bool, int]:
+        return False, 0
+
+    def sampling_params(self, num_prompt_tokens: int, max_model_len: int, choice: int = 0) -> SamplingParams:
+        """Engine parameters for one choice of one prompt; raises ContextLengthExceeded."""
+        max_tokens = self._checked_max_tokens(num_prompt_tokens, max_model_len)
+        logprobs, top_logprobs = self.logprob_settings()
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=max(self.top_k or 0, 0),
+            seed=_choice_seed(self.seed, choice),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=bool(self.ignore_eos),
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+        )
+
+    def _checked_max_tokens(self, num_prompt_tokens: int, max_model_len: int) -> int:
+        requested = self.requested_max_tokens()
+        max_tokens = requested if requested is not None else max_model_len - num_prompt_tokens
+        if num_prompt_tokens + max(max_tokens, 1) > max_model_len:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{num_prompt_tokens + max(max_tokens, 1)} tokens ({num_prompt_tokens} in the prompt, "
+                f"{max(max_tokens, 1)} for the completion). Please reduce the prompt or max_tokens.",
+                param=self._prompt_param(),
+            )
+        return max_tokens
+
+    def _prompt_param(self) -> str:
+        return "prompt"
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+        return self
+
+    def template_messages(self) -> list[dict[str, str]]:
+        return [m.as_template_dict() for m in self.messages]
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def logprob_settings(self) -> tuple[bool, int]:
+        return bool(self.logprobs), self.top_logprobs or 0
+
+    def _prompt_param(self) -> str:
+        return "messages"
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Prompt
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool | None = False
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: Any) -> Any:
+        if not _is_prompt(value):
+            raise InvalidRequest(
+                "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
+                param="prompt",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> "CompletionRequest":
+        if self.echo:
+            raise InvalidRequest("'echo' is not supported", param="echo")
+        if self.suffix:
+            raise InvalidRequest("'suffix' is not supported", param="suffix")
+        if len(self.prompts()) * self.num_choices > MAX_CHOICES_PER_REQUEST:
+            raise InvalidRequest(f"prompts × n may be at most {MAX_CHOICES_PER_REQUEST} per request", param="prompt")
+        return self
+
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The prompt as a list of texts or a list of token-id lists."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [p]
+        return p
+
+    def logprob_settings(self) -> tuple[bool, int]:
+        return self.logprobs is not None, self.logprobs or 0
+
+
+# helpers
+
+def _choice_seed(seed: int | None, choice: int) -> int | None:
+    if seed is None or choice == 0:
+        return seed
+    return (seed + choice) % MAX_SEED
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and len(value) > 0 and all(type(t) is int and t >= 0 for t in value)
+
+
+def _is_prompt(value: Any) -> bool:
+    if isinstance(value, str):
+        return True
+    if not isinstance(value, list) or not value:
+        return False
+    if all(isinstance(v, str) for v in value) or _is_token_ids(value):
+        return True
+    return all(_is_token_ids(v) for v in value)
+
+
+# response bodies
+
+TokenText = Callable[[int], str]
+
+
+@dataclass(slots=True)
+class ResponseMeta:
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str | None
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    """One choice accumulated from its engine outputs (non-streaming)."""
+    index: int
+    text_parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_output_tokens: int = 0
+
+    def add(self, out: RequestOutput) -> None:
+        self.text_parts.append(out.text)
+        self.logprobs.extend(out.logprobs or [])
+        self.num_output_tokens = out.num_output_tokens
+        if out.finished:
+            self.finish_reason = out.finish_reason
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _envelope(meta: ResponseMeta, obj: str) -> dict:
+    return {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model,
+            "system_fingerprint": meta.system_fingerprint}
+
+
+def chat_logprobs(lps: list[TokenLogprob], token_text: TokenText) -> dict:
+    def entry(token_id: int, logprob: float) -> dict:
+        text = token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+    content = [entry(lp.token_id, lp.logprob) | {"top_logprobs": [entry(t, l) for t, l in lp.top]} for lp in lps]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(lps: list[TokenLogprob], token_text: TokenText, text_offset: int) -> dict:
+    tokens = [token_text(lp.token_id) for lp in lps]
+    offsets = []
+    for tok in tokens:
+        offsets.append(text_offset)
+        text_offset += len(tok)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [{token_text(t): l for t, l in lp.top} for lp in lps], "text_offset": offsets}
+
+
+def chat_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_text: TokenText,
+                  with_logprobs: bool) -> dict:
+    body = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+             "logprobs": chat_logprobs(c.logprobs, token_text) if with_logprobs else None,
+             "finish_reason": c.finish_reason} for c in choices]
+    return _envelope(meta, "chat.completion") | {"choices": body, "usage": usage}
+
+
+def chat_chunk(meta: ResponseMeta, index: int, delta: dict, logprobs: dict | None, finish_reason: str | None,
+               usage: bool) -> dict:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return _envelope(meta, "chat.completion.chunk") | {"choices": [choice]} | ({"usage": None} if usage else {})
+
+
+def completion_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_text: TokenText,
+                        with_logprobs: bool) -> dict:
+    body = [{"index": c.index, "text": c.text,
+             "logprobs": completion_logprobs(c.logprobs, token_text, 0) if with_logprobs else None,
+             "finish_reason": c.finish_reason} for c in choices]
+    return _envelope(meta, "text_completion") | {"choices": body, "usage": usage}
+
+
+def completion_chunk(meta: ResponseMeta, index: int, text: str, logprobs: dict | None, finish_reason: str | None,
+                     usage: bool) -> dict:
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    return _envelope(meta, "text_completion") | {"choices": [choice]} | ({"usage": None} if usage else {})
+
+
+def usage_chunk(meta: ResponseMeta, obj: str, usage: dict) -> dict:
+    return _envelope(meta, obj) | {"choices": [], "usage": usage}

@@ -1,0 +1,115 @@
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, aclosing
+from dataclasses import dataclass
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from inferd.api.app import APIConfig, ModelInfo, create_app
+from inferd.engine.async_engine import AsyncEngine
+from inferd.engine.request import RequestOutput, SamplingParams
+from inferd.models.config import LoadedModel
+from inferd.telemetry.metrics import ServerMetrics, metrics_route
+
+log = logging.getLogger(__name__)
+
+READINESS_PROMPT = "Hello"
+
+
+@dataclass(slots=True)
+class ReplicaConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    log_level: str = "info"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(slots=True)
+class Readiness:
+    ready: bool = False
+
+
+class EngineBackend:
+    """The engine as the API layer sees it (api.app.TextBackend)."""
+
+    def __init__(self, engine: AsyncEngine, model: LoadedModel, served_model_name: str | None = None):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.info = ModelInfo(name=served_model_name or engine.model_name, max_model_len=engine.max_model_len,
+                              vocab_size=model.tokenizer.vocab_size, source_path=str(model.path),
+                              digests=dict(model.digests))
+
+    def generate(self, request_id: str, prompt_token_ids: list[int],
+                 params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        return self.engine.generate(request_id, prompt_token_ids, params)
+
+
+# app
+
+def build_replica_app(engine: AsyncEngine, model: LoadedModel, config: ReplicaConfig) -> Starlette:
+    backend = EngineBackend(engine, model, config.served_model_name)
+    metrics = ServerMetrics(engine.stats)
+    readiness = Readiness()
+    routes = [Route("/health", _health, methods=["GET"]),
+              Route("/ready", _ready_endpoint(engine, readiness), methods=["GET"]),
+              metrics_route(metrics)]
+    return create_app(backend, APIConfig(api_key=config.api_key), metrics=metrics, extra_routes=routes,
+                      lifespan=_lifespan(engine, backend, readiness, config.url))
+
+
+def serve(app: Starlette, config: ReplicaConfig) -> None:
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
+                access_log=config.log_level == "debug", timeout_graceful_shutdown=5)
+
+
+# health and readiness
+
+async def _health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+def _ready_endpoint(engine: AsyncEngine, readiness: Readiness):
+    async def ready(request: Request) -> Response:
+        if readiness.ready and engine.healthy:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "not ready"}, status_code=503)
+    return ready
+
+
+def _lifespan(engine: AsyncEngine, backend: EngineBackend, readiness: Readiness, url: str):
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        engine.start()
+        probe = asyncio.create_task(_readiness_probe(engine, backend, readiness, url))
+        try:
+            yield
+        finally:
+            probe.cancel()
+            readiness.ready = False
+            await engine.stop()
+    return lifespan
+
+
+async def _readiness_probe(engine: AsyncEngine, backend: EngineBackend, readiness: Readiness, url: str) -> None:
+    prompt = backend.tokenizer.encode(READINESS_PROMPT)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    try:
+        async with aclosing(engine.generate("readiness-probe", prompt, params)) as outputs:
+            async for out in outputs:
+                if out.finished and out.num_output_tokens != 1:
+                    raise RuntimeError(f"probe ended with {out.num_output_tokens} tokens ({out.finish_reason})")
+    except Exception as exc:
+        log.error("readiness inference failed: %s: %s", type(exc).__name__, exc)
+        return
+    readiness.ready = True
+    log.info("inferd ready: model=%s url=%s", backend.info.name, url)

@@ -1,0 +1,133 @@
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from inferd.engine.request import RequestOutput
+
+LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
+
+
+class EngineStatsLike(Protocol):
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_preemptions: int
+
+
+StatsSource = Callable[[], EngineStatsLike]
+
+
+# scrape-time engine gauges
+
+class EngineCollector:
+    """Reads the engine's counters when Prometheus scrapes."""
+
+    def __init__(self, stats: StatsSource):
+        self._stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield GaugeMetricFamily("inferd_num_requests_running", "Sequences in the running batch.", s.num_running)
+        yield GaugeMetricFamily("inferd_num_requests_waiting", "Sequences waiting to be scheduled.", s.num_waiting)
+        yield GaugeMetricFamily("inferd_kv_cache_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)
+        yield GaugeMetricFamily("inferd_kv_cache_blocks_total", "KV cache blocks in the pool.", s.kv_blocks_total)
+        yield CounterMetricFamily("inferd_preemptions", "Sequences preempted since start.", s.num_preemptions)
+
+
+# request metrics
+
+class ServerMetrics:
+    """All metrics of one server, on its own registry."""
+
+    def __init__(self, stats: StatsSource | None = None):
+        self.registry = CollectorRegistry()
+        self.ttft_s = self._histogram("inferd_time_to_first_token_seconds", "Arrival to first output token.")
+        self.itl_s = self._histogram("inferd_inter_token_latency_seconds", "Time between output tokens.")
+        self.e2e_s = self._histogram("inferd_e2e_request_latency_seconds", "Arrival to last output token.")
+        self.queue_s = self._histogram("inferd_queue_time_seconds", "Arrival to first scheduled.")
+        self.prompt_tokens = Counter("inferd_prompt_tokens_total", "Prompt tokens of ended sequences.",
+                                     registry=self.registry)
+        self.generation_tokens = Counter("inferd_generation_tokens_total", "Output tokens of ended sequences.",
+                                         registry=self.registry)
+        self.requests = Counter("inferd_requests_total", "Ended sequences by finish reason.", ["finish_reason"],
+                                registry=self.registry)
+        if stats is not None:
+            self.registry.register(EngineCollector(stats))
+
+    def _histogram(self, name: str, doc: str) -> Histogram:
+        return Histogram(name, doc, buckets=LATENCY_BUCKETS_S, registry=self.registry)
+
+    def start_sequence(self, arrival_s: float | None = None) -> "SequenceTrace":
+        """arrival_s: time.monotonic() when the request arrived (default: now)."""
+        return SequenceTrace(self, time.monotonic() if arrival_s is None else arrival_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+@dataclass(slots=True)
+class SequenceTrace:
+    """Latency bookkeeping for one engine sequence, fed with its outputs."""
+    metrics: ServerMetrics
+    arrival_s: float
+    last_token_s: float | None = None
+    queue_seen: bool = False
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    ended: bool = False
+
+    def observe(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        self.num_prompt_tokens, self.num_output_tokens = out.num_prompt_tokens, out.num_output_tokens
+        if out.queue_time_s is not None and not self.queue_seen:
+            self.queue_seen = True
+            self.metrics.queue_s.observe(out.queue_time_s)
+        if out.token_ids:
+            self._tokens(out, now)
+        if out.finished:
+            self._end(out.finish_reason or "stop", now)
+
+    def abort(self) -> None:
+        self._end("abort", time.monotonic())
+
+    def _tokens(self, out: RequestOutput, now: float) -> None:
+        m = self.metrics
+        if self.last_token_s is None:
+            m.ttft_s.observe((out.first_token_time or now) - self.arrival_s)
+        else:
+            gap_s = (now - self.last_token_s) / len(out.token_ids)
+            for _ in out.token_ids:
+                m.itl_s.observe(gap_s)
+        self.last_token_s = now
+
+    def _end(self, finish_reason: str, now: float) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        m = self.metrics
+        m.requests.labels(finish_reason=finish_reason).inc()
+        m.prompt_tokens.inc(self.num_prompt_tokens)
+        m.generation_tokens.inc(self.num_output_tokens)
+        if self.last_token_s is not None:
+            m.e2e_s.observe(now - self.arrival_s)
+
+
+# endpoint
+
+def metrics_route(metrics: ServerMetrics, path: str = "/metrics") -> Route:
+    async def endpoint(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Route(path, endpoint, methods=["GET"])

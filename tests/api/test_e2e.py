@@ -1,0 +1,306 @@
+"""The real `inferd serve` (default SmolLM2 model, float32) driven by the official openai client."""
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+API_KEY = "sk-e2e-secret"
+MAX_MODEL_LEN = 1024
+STARTUP_TIMEOUT_S = 180
+
+
+# server
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"inferd serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"inferd serve not ready after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("inferd") / "serve.log"
+    cmd = [sys.executable, "-m", "inferd.cli", "serve", "--dtype", "float32", "--port", str(port),
+           "--api-key", API_KEY, "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-gib", "0.25"]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, log_path)
+        yield url, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def url(server) -> str:
+    return server[0]
+
+
+@pytest.fixture(scope="module")
+def client(url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    return client.models.list().data[0].id
+
+
+def metrics(url: str) -> dict[str, float]:
+    samples = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+def chat_messages(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+# health, models
+
+def test_health_ready_models(url, client):
+    assert httpx.get(f"{url}/health").status_code == 200
+    assert httpx.get(f"{url}/ready").status_code == 200
+    card = client.models.list().data[0]
+    assert card.id == "SmolLM2-135M-Instruct"
+    extra = card.model_extra
+    assert extra["max_model_len"] == MAX_MODEL_LEN and Path(extra["source_path"]).exists()
+    assert set(extra["digests"]) == {"weights", "tokenizer", "chat_template"}
+    assert all(len(d) == 64 for d in extra["digests"].values())
+
+
+# chat
+
+def test_chat_non_stream(client, model):
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=chat_messages("What is the capital of France?"), max_tokens=8, temperature=0,
+        extra_headers={"x-request-id": "e2e-chat-1"})
+    assert raw.headers["x-request-id"] == "e2e-chat-1"
+    r = raw.parse()
+    choice = r.choices[0]
+    assert r.object == "chat.completion" and r.model == model and choice.message.role == "assistant"
+    assert choice.message.content and choice.finish_reason in ("stop", "length")
+    assert 0 < r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 5
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_stream_with_usage_and_n(client, model):
+    stream = client.chat.completions.create(model=model, messages=chat_messages("Count to five."), max_tokens=6,
+                                            n=2, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    final = chunks[-1]
+    assert final.choices == [] and final.usage.completion_tokens == 12
+    assert all(c.usage is None for c in chunks[:-1])
+    texts, reasons = {0: "", 1: ""}, {}
+    for c in chunks[:-1]:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                reasons[ch.index] = ch.finish_reason
+    assert reasons == {0: "length", 1: "length"} and all(texts.values())
+
+
+def test_chat_n_choices(client, model):
+    r = client.chat.completions.create(model=model, messages=chat_messages("Hi"), max_tokens=4, n=2,
+                                       extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1] and r.usage.completion_tokens == 8
+
+
+def test_chat_logprobs(client, model):
+    r = client.chat.completions.create(model=model, messages=chat_messages("Hi"), max_tokens=4, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and isinstance(entry.bytes, list) and len(entry.top_logprobs) == 3
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy picks the best
+
+
+def test_seed_reproducible_at_temperature_one(client, model):
+    def sample(seed: int) -> str:
+        r = client.completions.create(model=model, prompt="My favourite word is", max_tokens=12, temperature=1,
+                                      seed=seed, extra_body={"ignore_eos": True})
+        return r.choices[0].text
+    assert sample(1234) == sample(1234)
+    assert len({sample(1), sample(2), sample(3)}) > 1
+
+
+# completions
+
+def test_completion_prompt_forms(client, model):
+    r = client.completions.create(model=model, prompt="The capital of France is", max_tokens=3)
+    assert r.object == "text_completion" and len(r.choices) == 1 and r.choices[0].text
+    r = client.completions.create(model=model, prompt=["One, two,", "Red, green,"], max_tokens=3, n=2,
+                                  extra_body={"ignore_eos": True})
+    assert [c.index for c in sorted(r.choices, key=lambda c: c.index)] == [0, 1, 2, 3]
+    assert r.usage.completion_tokens == 12
+    r = client.completions.create(model=model, prompt=[504, 3458, 282], max_tokens=3, extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == 3 and r.choices[0].text
+    r = client.completions.create(model=model, prompt=[[504, 3458], [504, 3458, 282, 314]], max_tokens=2)
+    assert len(r.choices) == 2 and r.usage.prompt_tokens == 6
+
+
+def test_max_tokens_gives_length(client, model):
+    r = client.completions.create(model=model, prompt="Once upon a time", max_tokens=3,
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 3
+
+
+def test_stop_string_is_cut(client, model):
+    prompt = "One, two, three, four,"
+    full = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = full.strip().split()[1]
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0, stop=[stop, "@@@"],
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == full[:full.index(stop)] and stop not in r.choices[0].text
+
+
+def test_completion_logprobs_and_stream(client, model):
+    r = client.completions.create(model=model, prompt="One, two,", max_tokens=4, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt="One, two,", max_tokens=4, temperature=0, stream=True) if c.choices)
+    assert streamed == r.choices[0].text
+
+
+# errors
+
+def error_of(exc: openai.APIStatusError) -> dict:
+    assert exc.response.headers["x-request-id"]
+    return exc.response.json()["error"]
+
+
+def test_bad_key(url, model):
+    bad = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        bad.models.list()
+    assert e.value.status_code == 401 and error_of(e.value)["code"] == "invalid_api_key"
+
+
+def test_unknown_model(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-17", messages=chat_messages("hi"), max_tokens=1)
+    error = error_of(e.value)
+    assert (error["code"], error["param"]) == ("model_not_found", "model")
+
+
+def test_prompt_too_long(client, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=chat_messages("hello " * MAX_MODEL_LEN), max_tokens=1)
+    error = error_of(e.value)
+    assert (error["code"], error["param"], error["type"]) == ("context_length_exceeded", "messages",
+                                                              "invalid_request_error")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="hi", max_tokens=MAX_MODEL_LEN, stream=True)
+    assert error_of(e.value)["param"] == "prompt"
+
+
+def test_invalid_temperature(client, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=chat_messages("hi"), temperature=3)
+    assert error_of(e.value)["param"] == "temperature"
+
+
+def test_malformed_json(url):
+    r = httpx.post(f"{url}/v1/chat/completions", content=b'{"messages": [',
+                   headers={"Authorization": f"Bearer {API_KEY}", "content-type": "application/json",
+                            "x-request-id": "bad-json-1"})
+    assert r.status_code == 400 and r.headers["x-request-id"] == "bad-json-1"
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+# metrics and cancellation
+
+def test_metrics_move(url, client, model):
+    before = metrics(url)
+    client.completions.create(model=model, prompt="Hello", max_tokens=2, extra_body={"ignore_eos": True})
+    after = metrics(url)
+    for name in ["inferd_time_to_first_token_seconds_count", "inferd_inter_token_latency_seconds_count",
+                 "inferd_e2e_request_latency_seconds_count", "inferd_queue_time_seconds_count",
+                 "inferd_num_requests_running", "inferd_num_requests_waiting", "inferd_kv_cache_blocks_used",
+                 "inferd_kv_cache_blocks_total", "inferd_preemptions_total",
+                 'inferd_requests_total{finish_reason="length"}']:
+        assert name in after, name
+    assert after['inferd_requests_total{finish_reason="length"}'] == before.get(
+        'inferd_requests_total{finish_reason="length"}', 0) + 1
+    assert after["inferd_generation_tokens_total"] == before["inferd_generation_tokens_total"] + 2
+    assert after["inferd_prompt_tokens_total"] > before["inferd_prompt_tokens_total"]
+    assert after["inferd_kv_cache_blocks_total"] > 0
+
+
+def wait_idle(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        m = metrics(url)
+        if m["inferd_kv_cache_blocks_used"] == 0 and m["inferd_num_requests_running"] == 0:
+            return m
+        time.sleep(0.05)
+    pytest.fail(f"engine still busy {timeout_s} s after the client left: {m}")
+
+
+def test_stream_disconnect_aborts(url, client, model):
+    aborted = metrics(url).get('inferd_requests_total{finish_reason="abort"}', 0)
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True, "stream": True,
+            "n": 2}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        events = (line for line in r.iter_lines() if line.startswith("data: "))
+        for _ in range(3):
+            next(events)
+        assert metrics(url)["inferd_num_requests_running"] == 2
+    after = wait_idle(url)
+    assert after['inferd_requests_total{finish_reason="abort"}'] == aborted + 2
+    assert client.completions.create(model=model, prompt="Hi", max_tokens=2).choices[0].text
+
+
+def test_non_stream_disconnect_aborts(url, client, model):
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/completions", json=body, timeout=1.0, headers={"Authorization": f"Bearer {API_KEY}"})
+    wait_idle(url)
+    assert client.completions.create(model=model, prompt="Hi", max_tokens=2).choices[0].text
+
+
+def test_logs_hold_no_prompt_text_nor_key(server):
+    _, log_path = server
+    log = log_path.read_text()
+    assert "inferd ready: model=SmolLM2-135M-Instruct url=http://127.0.0.1:" in log
+    assert API_KEY not in log and "capital of France" not in log and "Once upon a time" not in log

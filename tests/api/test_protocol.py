@@ -1,0 +1,183 @@
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from inferd.api.errors import ContextLengthExceeded, InvalidRequest
+from inferd.api.protocol import (ChatCompletionRequest, ChoiceResult, CompletionRequest, ResponseMeta, chat_chunk,
+                                 chat_logprobs, completion_logprobs, usage_chunk)
+from inferd.api.sse import SSE_DONE, sse_event
+from inferd.engine.request import EngineError, RequestOutput, TokenLogprob
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"messages": USER} | fields)
+
+
+def completion(**fields) -> CompletionRequest:
+    return CompletionRequest.model_validate({"prompt": "hi"} | fields)
+
+
+# chat requests
+
+def test_chat_defaults_and_unknown_fields_ignored():
+    req = chat(model="m", logit_bias={"1": 2}, tools=[], response_format={"type": "text"})
+    params = req.sampling_params(num_prompt_tokens=10, max_model_len=100)
+    assert (params.temperature, params.top_p, params.top_k, params.seed) == (1.0, 1.0, 0, None)
+    assert params.max_tokens == 90
+    assert params.stop == [] and not params.logprobs and req.num_choices == 1
+
+
+def test_content_parts_and_developer_role():
+    req = ChatCompletionRequest.model_validate({"messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None}]})
+    assert req.template_messages() == [{"role": "system", "content": "be brief"},
+                                       {"role": "user", "content": "a\nb"}, {"role": "assistant", "content": ""}]
+
+
+@pytest.mark.parametrize("fields", [
+    {"messages": []}, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+    {"messages": [{"role": "robot", "content": "x"}]}, {"temperature": 2.5}, {"temperature": -0.1}, {"top_p": 0},
+    {"n": 0}, {"n": 17}, {"max_tokens": 0}, {"stop": ["a", "b", "c", "d", "e"]}, {"stop": ""},
+    {"presence_penalty": 3}, {"frequency_penalty": -2.5}, {"top_logprobs": 21, "logprobs": True},
+    {"stop_token_ids": [-1]}, {"seed": 2**64}, {"stream": "maybe"},
+])
+def test_chat_rejects(fields):
+    with pytest.raises((ValidationError, InvalidRequest)):
+        ChatCompletionRequest.model_validate({"messages": USER} | fields)
+
+
+def test_top_logprobs_requires_logprobs():
+    with pytest.raises(InvalidRequest) as e:
+        chat(top_logprobs=2)
+    assert e.value.param == "top_logprobs"
+    assert chat(logprobs=True, top_logprobs=2).sampling_params(1, 10).top_logprobs == 2
+
+
+def test_sampling_fields_reach_the_engine():
+    req = chat(max_tokens=5, max_completion_tokens=7, temperature=0.5, top_p=0.9, top_k=40, seed=3, stop="###",
+               presence_penalty=0.5, frequency_penalty=-0.5, ignore_eos=True, stop_token_ids=[2], logprobs=True)
+    p = req.sampling_params(num_prompt_tokens=3, max_model_len=100)
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed) == (7, 0.5, 0.9, 40, 3)
+    assert (p.stop, p.stop_token_ids, p.ignore_eos) == (["###"], [2], True)
+    assert (p.presence_penalty, p.frequency_penalty, p.logprobs, p.top_logprobs) == (0.5, -0.5, True, 0)
+
+
+def test_top_k_minus_one_means_off():
+    assert chat(top_k=-1).sampling_params(1, 10).top_k == 0
+
+
+def test_each_choice_gets_its_own_seed():
+    req = chat(seed=7, n=3)
+    assert [req.sampling_params(1, 10, j).seed for j in range(3)] == [7, 8, 9]
+    assert chat(seed=2**63 - 1).sampling_params(1, 10, 1).seed == 0
+    assert chat().sampling_params(1, 10, 2).seed is None
+
+
+def test_null_fields_take_defaults():
+    p = chat(temperature=None, top_p=None, n=None, stop=None, max_tokens=None).sampling_params(4, 10)
+    assert (p.temperature, p.top_p, p.max_tokens) == (1.0, 1.0, 6)
+
+
+def test_context_length_exceeded_before_any_work():
+    with pytest.raises(ContextLengthExceeded) as e:
+        chat().sampling_params(num_prompt_tokens=10, max_model_len=10)
+    assert (e.value.param, e.value.code, e.value.status) == ("messages", "context_length_exceeded", 400)
+    with pytest.raises(ContextLengthExceeded) as e:
+        completion(max_tokens=5).sampling_params(num_prompt_tokens=6, max_model_len=10)
+    assert e.value.param == "prompt"
+    assert completion(max_tokens=4).sampling_params(6, 10).max_tokens == 4
+
+
+def test_include_usage_only_when_streaming():
+    assert chat(stream=True, stream_options={"include_usage": True}).include_usage
+    assert not chat(stream=False, stream_options={"include_usage": True}).include_usage
+    assert not chat(stream=True).include_usage
+
+
+# completion requests
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("abc", ["abc"]), (["a", "b"], ["a", "b"]), ([1, 2, 3], [[1, 2, 3]]), ([[1], [2, 3]], [[1], [2, 3]]),
+])
+def test_prompt_forms(prompt, expected):
+    assert completion(prompt=prompt).prompts() == expected
+
+
+@pytest.mark.parametrize("prompt", [[], [[]], [1, "a"], [-1], [True], [[1], "a"], {"x": 1}, 5, None])
+def test_bad_prompts(prompt):
+    with pytest.raises((ValidationError, InvalidRequest)):
+        completion(prompt=prompt)
+
+
+def test_completion_logprobs_and_unsupported_fields():
+    assert completion(logprobs=0).logprob_settings() == (True, 0)
+    assert completion(logprobs=5).logprob_settings() == (True, 5)
+    assert completion().logprob_settings() == (False, 0)
+    with pytest.raises(ValidationError):
+        completion(logprobs=6)
+    with pytest.raises(InvalidRequest) as e:
+        completion(echo=True)
+    assert e.value.param == "echo"
+    assert completion(echo=False).echo is False
+
+
+def test_choices_per_request_are_bounded():
+    assert len(completion(prompt=["a"] * 16, n=16).prompts()) == 16
+    with pytest.raises(InvalidRequest):
+        completion(prompt=["a"] * 17, n=16)
+
+
+def test_invalid_engine_values_are_engine_errors():
+    req = chat(max_tokens=3)
+    with pytest.raises(EngineError):
+        req.model_copy(update={"top_p": 0.0}).sampling_params(1, 10)
+
+
+# response shaping
+
+def token_text(token_id: int) -> str:
+    return {1: "He", 2: "llo", 3: "é"}[token_id]
+
+
+META = ResponseMeta("chatcmpl-x", 1, "m", "fp_1")
+
+
+def test_chat_logprobs_shape():
+    body = chat_logprobs([TokenLogprob(1, -0.1, [(1, -0.1), (2, -2.0)]), TokenLogprob(3, -0.5, [])], token_text)
+    first, second = body["content"]
+    assert first == {"token": "He", "logprob": -0.1, "bytes": [72, 101], "top_logprobs": [
+        {"token": "He", "logprob": -0.1, "bytes": [72, 101]},
+        {"token": "llo", "logprob": -2.0, "bytes": [108, 108, 111]}]}
+    assert second["bytes"] == [195, 169] and second["top_logprobs"] == []
+
+
+def test_completion_logprobs_offsets():
+    body = completion_logprobs([TokenLogprob(1, -0.1, [(1, -0.1), (3, -3.0)]), TokenLogprob(2, -0.2, [])],
+                               token_text, text_offset=5)
+    assert body == {"tokens": ["He", "llo"], "token_logprobs": [-0.1, -0.2],
+                    "top_logprobs": [{"He": -0.1, "é": -3.0}, {}], "text_offset": [5, 7]}
+
+
+def test_choice_result_accumulates():
+    result = ChoiceResult(0)
+    result.add(RequestOutput("r", "He", [1], [TokenLogprob(1, -0.1, [])], False, None, 4, 1))
+    result.add(RequestOutput("r", "llo", [2], None, True, "stop", 4, 2))
+    assert (result.text, result.finish_reason, result.num_output_tokens) == ("Hello", "stop", 2)
+    assert len(result.logprobs) == 1
+
+
+def test_stream_chunks_and_sse_framing():
+    chunk = chat_chunk(META, 1, {"content": "é"}, None, "length", usage=True)
+    assert chunk["choices"] == [{"index": 1, "delta": {"content": "é"}, "logprobs": None, "finish_reason": "length"}]
+    assert chunk["usage"] is None and "usage" not in chat_chunk(META, 0, {}, None, None, usage=False)
+    final = usage_chunk(META, "chat.completion.chunk", {"prompt_tokens": 1})
+    assert final["choices"] == [] and final["usage"] == {"prompt_tokens": 1}
+    event = sse_event(chunk)
+    assert event.startswith(b"data: {") and event.endswith(b"}\n\n") and b"\n" not in event[:-2]
+    assert json.loads(event[6:])["choices"][0]["delta"]["content"] == "é"
+    assert SSE_DONE == b"data: [DONE]\n\n"
