@@ -58,6 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
                            served_model_name=args.served_model_name, log_level=args.log_level)
     log.info("serving %s from %s (api key %s)", config.served_model_name or model.name, model.path,
              "required" if config.api_key else "not required")
+    log.info("model sha256: %s", " ".join(f"{k}={v}" for k, v in model.digests.items()))
     serve(build_replica_app(engine, model, config), config)
     return 0
 

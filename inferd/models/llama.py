@@ -65,22 +65,30 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    """RoPE as one complex multiply. q/k weights are loaded with each head's two halves
+    interleaved (see `interleave_halves`), so pairs (x_i, x_{i+d/2}) sit side by side;
+    the same permutation of q and k leaves q.k unchanged."""
+
     def __init__(self, config: ModelConfig, max_positions: int):
         super().__init__()
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(config))
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.cis = torch.polar(torch.ones_like(freqs), freqs)  # not a buffer: module.to(dtype) must not cast it
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.cis[positions].unsqueeze(1)  # [T, 1, hd/2] complex
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def apply_rope(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, hd] in interleaved layout."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * cis).flatten(-2).to(x.dtype)
+
+
+def interleave_halves(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Rows of each head reordered from [first half, second half] to pairs (i, i + hd/2)."""
+    half = head_dim // 2
+    order = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
+    return w.view(-1, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
 # ---- layers
@@ -104,11 +112,12 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x, positions, rope, meta: AttentionMetadata, k_cache, v_cache):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rope(positions, q, k)
+    def forward(self, x, rope, meta: AttentionMetadata, k_cache, v_cache):
+        qkv = self.qkv_proj(x)
+        qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads,
+                                                                 self.head_dim), rope)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size:]
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v.view(-1, self.num_kv_heads, self.head_dim))
         out = torch.empty_like(q)
@@ -166,8 +175,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, h, positions, rope, meta, k_cache, v_cache):
-        h = h + self.self_attn(self.input_layernorm(h), positions, rope, meta, k_cache, v_cache)
+    def forward(self, h, rope, meta, k_cache, v_cache):
+        h = h + self.self_attn(self.input_layernorm(h), rope, meta, k_cache, v_cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -190,8 +199,9 @@ class LlamaForCausalLM(nn.Module):
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns fp32 logits of the rows asked for."""
         h = self.embed_tokens(input_ids)
+        rope = self.rope(positions)
         for i, layer in enumerate(self.layers):
-            h = layer(h, positions, self.rope, meta, kv_cache[i, 0], kv_cache[i, 1])
+            h = layer(h, rope, meta, kv_cache[i, 0], kv_cache[i, 1])
         h = self.norm(h[logits_indices])
         return self.lm_head(h).float()
 
@@ -215,8 +225,9 @@ def _fused(weights: dict[str, torch.Tensor], config: ModelConfig):
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         for kind in ("weight", "bias") if config.attention_bias else ("weight",):
-            parts = [weights.pop(f"{p}self_attn.{x}_proj.{kind}") for x in "qkv"]
-            yield f"{p}self_attn.qkv_proj.{kind}", torch.cat(parts)
+            q, k, v = (weights.pop(f"{p}self_attn.{x}_proj.{kind}") for x in "qkv")
+            q, k = interleave_halves(q, config.head_dim), interleave_halves(k, config.head_dim)
+            yield f"{p}self_attn.qkv_proj.{kind}", torch.cat([q, k, v])
         yield f"{p}mlp.gate_up_proj.weight", torch.cat([weights.pop(f"{p}mlp.gate_proj.weight"),
                                                          weights.pop(f"{p}mlp.up_proj.weight")])
     yield from weights.items()
