@@ -11,6 +11,7 @@ class EngineConfig:
     block_size: int = 16
     max_model_len: int | None = None  # defaults to the model's context length
     pack_weights: bool = True  # prepack linear weights for oneDNN where the CPU supports the dtype
+    paged_attention_kernel: bool = True  # fp32 decode attention in C++, built on first use (torch path if not)
     num_threads: int | None = None  # torch threads for the engine; default: all cores
 
     def __post_init__(self):

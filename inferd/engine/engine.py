@@ -13,6 +13,7 @@ from inferd.engine.sequence import Sequence
 from inferd.models.config import LoadedModel
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.packed import pack_linears
+from inferd.models.paged_attention import load_kernel
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class LLMEngine:
         self.model = net.to(self.dtype).eval()
         if config.pack_weights:
             pack_linears(self.model, self.dtype)
+        if config.paged_attention_kernel and self.dtype == torch.float32:
+            self.model.use_decode_kernel(load_kernel())
         num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 //
                                                  kv_cache_bytes_per_block(mc, config.block_size, self.dtype))
         self.blocks = BlockManager(num_blocks, config.block_size)

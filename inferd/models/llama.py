@@ -34,6 +34,7 @@ class AttentionMetadata:
     block_size: int
     decode_blocks: torch.Tensor | None  # [D, nb] block table of each decode, padded
     decode_mask: torch.Tensor | None  # [D, 1, 1, nb * block_size] True where a key is visible
+    decode_lens: torch.Tensor | None  # [D] context length of each decode, this token included
     prefills: list[PrefillChunk]
 
 
@@ -111,6 +112,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = self.head_dim ** -0.5
+        self.decode_kernel = None  # inferd.models.paged_attention kernel, when fp32 and built
 
     def forward(self, x, rope, meta: AttentionMetadata, k_cache, v_cache):
         qkv = self.qkv_proj(x)
@@ -135,6 +137,9 @@ class Attention(nn.Module):
         return paged.index_select(0, blocks.flatten()).view(*blocks.shape[:-1], -1, self.num_kv_heads, self.head_dim)
 
     def _decode(self, q, meta: AttentionMetadata, k_cache, v_cache):
+        if self.decode_kernel is not None:
+            return self.decode_kernel.paged_decode(q.contiguous(), k_cache, v_cache, meta.decode_blocks,
+                                                   meta.decode_lens, meta.block_size, self.scale)
         d = meta.decode_blocks.shape[0]
         group = self.num_heads // self.num_kv_heads
         keys = self._gather(k_cache, meta.decode_blocks, meta.block_size).transpose(1, 2)  # [D, KVH, S, hd]
@@ -193,6 +198,10 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config, max_positions)
+
+    def use_decode_kernel(self, kernel) -> None:
+        for layer in self.layers:
+            layer.self_attn.decode_kernel = kernel
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: torch.Tensor,
