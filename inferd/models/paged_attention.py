@@ -10,8 +10,10 @@ would add to the process) and cached; where it cannot be built,
 the torch path serves.
 """
 import functools
+import hashlib
 import logging
 import os
+import platform
 
 import torch
 
@@ -91,9 +93,18 @@ def load_kernel():
         from torch.utils.cpp_extension import load_inline
 
         log.info("building the paged attention kernel (cached after the first time)")
-        return load_inline(name="inferd_paged_attention", cpp_sources=SOURCE, functions=["paged_decode"],
+        return load_inline(name=f"inferd_paged_attention_{_cpu_tag()}", cpp_sources=SOURCE, functions=["paged_decode"],
                            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:  # no compiler, no ninja: the torch path serves
         log.warning("paged attention kernel unavailable (%s); using the torch path", e)
         return None
+
+
+def _cpu_tag() -> str:
+    """Part of the build's cache key: a -march=native build must not be loaded on another CPU."""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return hashlib.sha256(flags.encode()).hexdigest()[:10]
