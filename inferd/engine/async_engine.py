@@ -41,7 +41,8 @@ class AsyncEngine:
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        """The context a request may use here: the model's, or the KV pool's if smaller."""
+        return self.engine.context_limit
 
     @property
     def model_name(self) -> str:

@@ -60,6 +60,10 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 //
                                                  kv_cache_bytes_per_block(mc, config.block_size, self.dtype))
         self.blocks = BlockManager(num_blocks, config.block_size)
+        self.kv_capacity_tokens = num_blocks * config.block_size
+        if self.kv_capacity_tokens < self.max_model_len:
+            log.warning("the KV cache holds %d tokens, less than max_model_len %d: requests are limited to %d",
+                        self.kv_capacity_tokens, self.max_model_len, self.kv_capacity_tokens)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(self.model, self.blocks, self.dtype)
         self.sampler = Sampler()
@@ -74,13 +78,16 @@ class LLMEngine:
         if num_prompt_tokens == 0:
             raise EngineError("the prompt is empty")
         total = num_prompt_tokens + params.max_tokens
-        if total > self.max_model_len:
-            raise EngineError(f"this model's maximum context length is {self.max_model_len} tokens; the request "
-                              f"needs {total} ({num_prompt_tokens} in the prompt, {params.max_tokens} to generate)")
-        capacity = self.blocks.num_blocks * self.blocks.block_size
-        if total > capacity:
-            raise EngineError(f"the request needs {total} tokens of KV cache but this replica holds {capacity} "
-                              f"in all; lower max_tokens or the prompt length")
+        limit = self.context_limit
+        if total > limit:
+            held = " (all its KV cache holds)" if limit < self.max_model_len else ""
+            raise EngineError(f"this replica's maximum context length is {limit} tokens{held}; the request needs "
+                              f"{total} ({num_prompt_tokens} in the prompt, {params.max_tokens} to generate)")
+
+    @property
+    def context_limit(self) -> int:
+        """Most tokens (prompt + output) one request may hold: the model's context, or the whole KV pool if less."""
+        return min(self.max_model_len, self.kv_capacity_tokens)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.check_request(len(prompt_token_ids), params)
