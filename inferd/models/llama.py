@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import record_function
 
 from inferd.models.config import ModelConfig
 
@@ -138,8 +139,9 @@ class Attention(nn.Module):
 
     def _decode(self, q, meta: AttentionMetadata, k_cache, v_cache):
         if self.decode_kernel is not None:
-            return self.decode_kernel.paged_decode(q.contiguous(), k_cache, v_cache, meta.decode_blocks,
-                                                   meta.decode_lens, meta.block_size, self.scale)
+            with record_function("inferd::paged_decode_attention"):
+                return self.decode_kernel.paged_decode(q.contiguous(), k_cache, v_cache, meta.decode_blocks,
+                                                       meta.decode_lens, meta.block_size, self.scale)
         d = meta.decode_blocks.shape[0]
         group = self.num_heads // self.num_kv_heads
         keys = self._gather(k_cache, meta.decode_blocks, meta.block_size).transpose(1, 2)  # [D, KVH, S, hd]
