@@ -3,6 +3,7 @@ import logging
 import os
 import sys
 
+from inferd.bench.cli import add_bench_parser
 from inferd.engine.config import EngineConfig
 
 log = logging.getLogger("inferd")
@@ -30,7 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-cache-gib", type=float, default=DEFAULTS.kv_cache_gib)
     serve.add_argument("--num-kv-blocks", type=int, default=None, help="overrides --kv-cache-gib")
     serve.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
+    serve.add_argument("--num-threads", type=int, default=None,
+                       help="torch threads for the engine (default: all cores)")
     serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    add_bench_parser(commands)
     return parser
 
 
@@ -38,7 +42,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     try:
         return EngineConfig(dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gib=args.kv_cache_gib,
-                            num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len)
+                            num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
+                            num_threads=args.num_threads)
     except ValueError as exc:
         raise SystemExit(f"inferd serve: error: {exc}")
 
@@ -66,6 +71,9 @@ def _serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "bench":
+        from inferd.bench.cli import run_bench
+        return run_bench(args)
     from inferd.models.errors import ModelLoadError
     try:
         return _serve(args)

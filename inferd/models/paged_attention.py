@@ -15,8 +15,6 @@ import logging
 import os
 import platform
 
-import torch
-
 log = logging.getLogger(__name__)
 
 SOURCE = r"""

@@ -1,7 +1,4 @@
 """The real `inferd serve` (default SmolLM2 model, float32) driven by the official openai client."""
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,52 +8,20 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.server import running_server
+
 API_KEY = "sk-e2e-secret"
 MAX_MODEL_LEN = 1024
-STARTUP_TIMEOUT_S = 180
 
 
 # server
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"inferd serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"inferd serve not ready after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
-    port = free_port()
     log_path = tmp_path_factory.mktemp("inferd") / "serve.log"
-    cmd = [sys.executable, "-m", "inferd.cli", "serve", "--dtype", "float32", "--port", str(port),
-           "--api-key", API_KEY, "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-gib", "0.25"]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, log_path)
+    with running_server(log_path, "--api-key", API_KEY, "--max-model-len", str(MAX_MODEL_LEN),
+                        "--kv-cache-gib", "0.25") as url:
         yield url, log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
