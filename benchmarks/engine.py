@@ -126,8 +126,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="auto", help="inferd dtype")
-    ap.add_argument("--peer-dtypes", default="float32,bfloat16", help="transformers dtypes to run")
-    ap.add_argument("--peer-repeats", type=int, default=1)
+    ap.add_argument("--peer-dtypes", default="float32:3,bfloat16:1",
+                    help="transformers dtypes to run, each with its number of repeats")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -149,12 +149,13 @@ def main() -> None:
     del engine
     import transformers
     result["machine"]["transformers"] = transformers.__version__
-    for name in args.peer_dtypes.split(","):
+    for spec in args.peer_dtypes.split(","):
+        name, _, repeats = spec.partition(":")
+        repeats = int(repeats or 1)
         hf = hf_model(model, resolve_dtype(name))
-        peer = result["transformers"][name] = {"prefill": median_of(lambda: hf_prefill(hf), args.peer_repeats),
-                                               "decode": {}}
+        peer = result["transformers"][name] = {"prefill": median_of(lambda: hf_prefill(hf), repeats), "decode": {}}
         for b in batches:
-            peer["decode"][str(b)] = median_of(lambda: hf_decode(hf, b), args.peer_repeats)
+            peer["decode"][str(b)] = median_of(lambda: hf_decode(hf, b), repeats)
             _log(f"transformers {name} B={b}: {peer['decode'][str(b)]}")
         del hf
     print(_table(result))
