@@ -53,12 +53,16 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 def _serve(args: argparse.Namespace) -> int:
     from inferd.engine.async_engine import AsyncEngine
     from inferd.engine.engine import LLMEngine
+    from inferd.models.llama import UnsupportedModelError
     from inferd.models.loader import load_model
     from inferd.replica.server import ReplicaConfig, build_replica_app, serve
 
     engine_config = _engine_config(args)
     model = load_model(args.model, progress=True)
-    engine = AsyncEngine(LLMEngine(model, engine_config))
+    try:
+        engine = AsyncEngine(LLMEngine(model, engine_config))
+    except (ValueError, UnsupportedModelError) as exc:
+        raise SystemExit(f"inferd serve: error: {exc}")
     config = ReplicaConfig(host=args.host, port=args.port, api_key=args.api_key or None,
                            served_model_name=args.served_model_name, log_level=args.log_level)
     log.info("serving %s from %s (api key %s)", config.served_model_name or model.name, model.path,

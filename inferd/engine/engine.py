@@ -48,7 +48,10 @@ class LLMEngine:
         self.model_name = model.name
         self.dtype = resolve_dtype(config.dtype)
         mc = model.config
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        if config.max_model_len and config.max_model_len > mc.max_position_embeddings:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's context length "
+                             f"{mc.max_position_embeddings}")
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
         self.eos_token_ids = set(model.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
         net = LlamaForCausalLM(mc, self.max_model_len)
         net.load_weights(model.weights)
@@ -59,6 +62,9 @@ class LLMEngine:
             self.model.use_decode_kernel(load_kernel())
         num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 //
                                                  kv_cache_bytes_per_block(mc, config.block_size, self.dtype))
+        if num_blocks < 1:
+            raise ValueError(f"a KV cache of {config.kv_cache_gib} GiB holds no {config.block_size}-token block "
+                             "of this model; raise kv_cache_gib")
         self.blocks = BlockManager(num_blocks, config.block_size)
         self.kv_capacity_tokens = num_blocks * config.block_size
         if self.kv_capacity_tokens < self.max_model_len:

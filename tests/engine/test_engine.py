@@ -177,3 +177,10 @@ def test_abort_frees_blocks_at_once():
     engine.abort("b")
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks and not engine.has_work()
     assert engine.abort("a") is None
+
+
+def test_settings_that_cannot_be_honoured_are_rejected_at_start():
+    with pytest.raises(ValueError, match="exceeds the model's context length 512"):
+        make_engine(max_model_len=10_000)
+    with pytest.raises(ValueError, match="holds no 4-token block"):
+        make_engine(num_kv_blocks=None, kv_cache_gib=1e-9)
