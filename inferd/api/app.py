@@ -33,6 +33,7 @@ class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
+    def token_bytes(self, token_id: int) -> bytes: ...
 
 
 @dataclass(slots=True)
@@ -103,7 +104,7 @@ class OpenAIRoutes:
         if body.stream:
             return await self._stream(request, self._chat_events(meta, body, jobs, [len(prompt)]))
         results = await _unless_disconnected(request, self._collect(jobs))
-        return JSONResponse(chat_response(meta, results, _usage([len(prompt)], results), self._token_text,
+        return JSONResponse(chat_response(meta, results, _usage([len(prompt)], results), self._token_bytes,
                                           bool(body.logprobs)))
 
     async def completions(self, request: Request) -> Response:
@@ -116,7 +117,7 @@ class OpenAIRoutes:
         if body.stream:
             return await self._stream(request, self._completion_events(meta, body, jobs, lens))
         results = await _unless_disconnected(request, self._collect(jobs))
-        return JSONResponse(completion_response(meta, results, _usage(lens, results), self._token_text,
+        return JSONResponse(completion_response(meta, results, _usage(lens, results), self._token_bytes,
                                                 body.logprobs is not None))
 
     # request preparation
@@ -213,7 +214,7 @@ class OpenAIRoutes:
                     started[index] = True
                     yield sse_event(chat_chunk(meta, index, {"role": "assistant", "content": ""}, None, None, usage))
                 tokens[index] = out.num_output_tokens
-                lps = chat_logprobs(out.logprobs, self._token_text) if body.logprobs and out.logprobs else None
+                lps = chat_logprobs(out.logprobs, self._token_bytes) if body.logprobs and out.logprobs else None
                 if out.text or lps or out.finished:
                     delta = {"content": out.text} if out.text else {}
                     yield sse_event(chat_chunk(meta, index, delta, lps, _finish(out), usage))
@@ -229,7 +230,7 @@ class OpenAIRoutes:
                 tokens[index] = out.num_output_tokens
                 lps = None
                 if body.logprobs is not None and out.logprobs:
-                    lps = completion_logprobs(out.logprobs, self._token_text, offsets[index])
+                    lps = completion_logprobs(out.logprobs, self._token_bytes, offsets[index])
                 offsets[index] += len(out.text)
                 if out.text or lps or out.finished:
                     yield sse_event(completion_chunk(meta, index, out.text, lps, _finish(out), usage))

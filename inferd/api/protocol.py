@@ -194,7 +194,7 @@ def _is_prompt(value: Any) -> bool:
 
 # response bodies
 
-TokenText = Callable[[int], str]
+TokenBytes = Callable[[int], bytes]
 
 
 @dataclass(slots=True)
@@ -236,28 +236,34 @@ def _envelope(meta: ResponseMeta, obj: str) -> dict:
             "system_fingerprint": meta.system_fingerprint}
 
 
-def chat_logprobs(lps: list[TokenLogprob], token_text: TokenText) -> dict:
+def token_text(raw: bytes) -> str:
+    """A token's text; a piece of a UTF-8 character shows as U+FFFD (its `bytes` carry the truth)."""
+    return raw.decode("utf-8", errors="replace")
+
+
+def chat_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes) -> dict:
     def entry(token_id: int, logprob: float) -> dict:
-        text = token_text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        raw = token_bytes(token_id)
+        return {"token": token_text(raw), "logprob": logprob, "bytes": list(raw)}
     content = [entry(lp.token_id, lp.logprob) | {"top_logprobs": [entry(t, l) for t, l in lp.top]} for lp in lps]
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(lps: list[TokenLogprob], token_text: TokenText, text_offset: int) -> dict:
-    tokens = [token_text(lp.token_id) for lp in lps]
+def completion_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes, text_offset: int) -> dict:
+    tokens = [token_text(token_bytes(lp.token_id)) for lp in lps]
     offsets = []
     for tok in tokens:
         offsets.append(text_offset)
         text_offset += len(tok)
     return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{token_text(t): l for t, l in lp.top} for lp in lps], "text_offset": offsets}
+            "top_logprobs": [{token_text(token_bytes(t)): l for t, l in lp.top} for lp in lps],
+            "text_offset": offsets}
 
 
-def chat_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_text: TokenText,
+def chat_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_bytes: TokenBytes,
                   with_logprobs: bool) -> dict:
     body = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-             "logprobs": chat_logprobs(c.logprobs, token_text) if with_logprobs else None,
+             "logprobs": chat_logprobs(c.logprobs, token_bytes) if with_logprobs else None,
              "finish_reason": c.finish_reason} for c in choices]
     return _envelope(meta, "chat.completion") | {"choices": body, "usage": usage}
 
@@ -268,10 +274,10 @@ def chat_chunk(meta: ResponseMeta, index: int, delta: dict, logprobs: dict | Non
     return _envelope(meta, "chat.completion.chunk") | {"choices": [choice]} | ({"usage": None} if usage else {})
 
 
-def completion_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_text: TokenText,
+def completion_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_bytes: TokenBytes,
                         with_logprobs: bool) -> dict:
     body = [{"index": c.index, "text": c.text,
-             "logprobs": completion_logprobs(c.logprobs, token_text, 0) if with_logprobs else None,
+             "logprobs": completion_logprobs(c.logprobs, token_bytes, 0) if with_logprobs else None,
              "finish_reason": c.finish_reason} for c in choices]
     return _envelope(meta, "text_completion") | {"choices": body, "usage": usage}
 

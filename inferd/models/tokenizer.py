@@ -1,4 +1,5 @@
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -21,6 +22,18 @@ LLAMA3_PRE = ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "falcon3")
 NFC_PRE = ("qwen2", "deepseek-r1-qwen", "megrez")
 SPLIT_REGEX = {pre: LLAMA3_SPLIT for pre in LLAMA3_PRE} | {pre: QWEN2_SPLIT for pre in NFC_PRE}
 DIGIT_SPLIT = ("smollm", "starcoder", "refact")
+BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_of_char() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-unicode table that byte-level BPE vocabularies are written in."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+
+
+BYTE_OF_CHAR = _byte_of_char()
 
 
 # ---- chat template environment (same helpers Hugging Face templates expect)
@@ -161,6 +174,15 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for; a token holding part of a UTF-8 character gives that part."""
+        piece = self.hf_tokenizer.id_to_token(token_id) or ""
+        if isinstance(self.hf_tokenizer.decoder, decoders.ByteLevel) and all(c in BYTE_OF_CHAR for c in piece):
+            return bytes(BYTE_OF_CHAR[c] for c in piece)
+        if match := BYTE_FALLBACK.fullmatch(piece):
+            return bytes([int(match[1], 16)])
+        return piece.replace("\u2581", " ").encode()
 
     def new_decode_stream(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         return IncrementalDecoder(self.hf_tokenizer, DecodeStream(skip_special_tokens=skip_special_tokens))

@@ -140,25 +140,27 @@ def test_invalid_engine_values_are_engine_errors():
 
 # response shaping
 
-def token_text(token_id: int) -> str:
-    return {1: "He", 2: "llo", 3: "é"}[token_id]
+def token_bytes(token_id: int) -> bytes:
+    return {1: b"He", 2: b"llo", 3: "é".encode(), 4: "é".encode()[:1]}[token_id]
 
 
 META = ResponseMeta("chatcmpl-x", 1, "m", "fp_1")
 
 
 def test_chat_logprobs_shape():
-    body = chat_logprobs([TokenLogprob(1, -0.1, [(1, -0.1), (2, -2.0)]), TokenLogprob(3, -0.5, [])], token_text)
-    first, second = body["content"]
+    body = chat_logprobs([TokenLogprob(1, -0.1, [(1, -0.1), (2, -2.0)]), TokenLogprob(3, -0.5, []),
+                          TokenLogprob(4, -0.7, [])], token_bytes)
+    first, second, partial = body["content"]
     assert first == {"token": "He", "logprob": -0.1, "bytes": [72, 101], "top_logprobs": [
         {"token": "He", "logprob": -0.1, "bytes": [72, 101]},
         {"token": "llo", "logprob": -2.0, "bytes": [108, 108, 111]}]}
     assert second["bytes"] == [195, 169] and second["top_logprobs"] == []
+    assert partial["token"] == "\ufffd" and partial["bytes"] == [195]  # half a character: the bytes say which
 
 
 def test_completion_logprobs_offsets():
     body = completion_logprobs([TokenLogprob(1, -0.1, [(1, -0.1), (3, -3.0)]), TokenLogprob(2, -0.2, [])],
-                               token_text, text_offset=5)
+                               token_bytes, text_offset=5)
     assert body == {"tokens": ["He", "llo"], "token_logprobs": [-0.1, -0.2],
                     "top_logprobs": [{"He": -0.1, "é": -3.0}, {}], "text_offset": [5, 7]}
 
