@@ -146,8 +146,8 @@ class OpenAIRoutes:
         info = self.backend.info
         return ResponseMeta(f"{prefix}-{request.state.request_id}", int(time.time()), info.name, info.fingerprint)
 
-    def _token_text(self, token_id: int) -> str:
-        return self.backend.tokenizer.decode([token_id], skip_special_tokens=False)
+    def _token_bytes(self, token_id: int) -> bytes:
+        return self.backend.tokenizer.token_bytes(token_id)
 
     # running choices
 
