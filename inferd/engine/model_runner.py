@@ -34,10 +34,10 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots),
             num_decode_tokens=len(batch.decodes),
             block_size=self.blocks.block_size,
-            decode_blocks=None, decode_mask=None, decode_lens=None,
+            decode_blocks=None, decode_lens=None,
             prefills=self._prefill_chunks(batch))
         if batch.decodes:
-            meta.decode_blocks, meta.decode_mask, meta.decode_lens = self._decode_context(batch)
+            meta.decode_blocks, meta.decode_lens = self._decode_context(batch)
         return self.model(torch.tensor(input_ids), torch.tensor(positions), meta, self.kv_cache,
                           torch.tensor(logits_rows, dtype=torch.long))
 
@@ -50,13 +50,11 @@ class ModelRunner:
             row += item.num_tokens
         return chunks
 
-    def _decode_context(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Padded block tables of the decodes and the mask of their visible keys."""
+    def _decode_context(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded block tables of the decodes and their context lengths."""
         bs = self.blocks.block_size
         lengths = [item.seq.num_computed_tokens + 1 for item in batch.decodes]
         width = -(-max(lengths) // bs)
         table = torch.tensor([item.seq.block_table[:width] + [0] * (width - len(item.seq.block_table[:width]))
                               for item in batch.decodes])
-        lens = torch.tensor(lengths)
-        mask = torch.arange(width * bs).unsqueeze(0) < lens.unsqueeze(1)
-        return table, mask[:, None, None, :], lens
+        return table, torch.tensor(lengths)

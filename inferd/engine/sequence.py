@@ -31,7 +31,6 @@ class Sequence:
         self.decode_stream = decode_stream
         self.text = ""  # output text so far, cut at a stop string
         self.num_sent_chars = 0
-        self.num_sent_tokens = 0
         self.logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None
 

@@ -34,7 +34,6 @@ class AttentionMetadata:
     num_decode_tokens: int  # rows [0, D) are decodes, one token each
     block_size: int
     decode_blocks: torch.Tensor | None  # [D, nb] block table of each decode, padded
-    decode_mask: torch.Tensor | None  # [D, 1, 1, nb * block_size] True where a key is visible
     decode_lens: torch.Tensor | None  # [D] context length of each decode, this token included
     prefills: list[PrefillChunk]
 
@@ -147,7 +146,8 @@ class Attention(nn.Module):
         keys = self._gather(k_cache, meta.decode_blocks, meta.block_size).transpose(1, 2)  # [D, KVH, S, hd]
         values = self._gather(v_cache, meta.decode_blocks, meta.block_size).transpose(1, 2)
         q = q.view(d, self.num_kv_heads, group, self.head_dim)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.decode_mask, scale=self.scale)
+        visible = torch.arange(keys.shape[2]) < meta.decode_lens.unsqueeze(1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None, None, :], scale=self.scale)
         return out.reshape(d, self.num_heads, self.head_dim)
 
     def _prefill(self, q, chunk: PrefillChunk, block_size: int, k_cache, v_cache):

@@ -24,7 +24,6 @@ def test_kernel_matches_torch_decode(heads, kv_heads):
     tables = torch.randperm(num_blocks, generator=g)[:4 * width].view(4, width)
     meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decode_tokens=4,
                              block_size=block_size, decode_blocks=tables,
-                             decode_mask=(torch.arange(width * block_size) < lens[:, None])[:, None, None, :],
                              decode_lens=lens, prefills=[])
     q = torch.randn(4, heads, hd, generator=g)
     expected = attn._decode(q, meta, k_cache, v_cache)
