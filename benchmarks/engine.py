@@ -127,7 +127,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="auto", help="inferd dtype")
     ap.add_argument("--peer-dtypes", default="float32:3,bfloat16:1",
-                    help="transformers dtypes to run, each with its number of repeats")
+                    help="transformers dtypes to run, each with its number of repeats; empty: inferd only")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -149,7 +149,7 @@ def main() -> None:
     del engine
     import transformers
     result["machine"]["transformers"] = transformers.__version__
-    for spec in args.peer_dtypes.split(","):
+    for spec in filter(None, args.peer_dtypes.split(",")):
         name, _, repeats = spec.partition(":")
         repeats = int(repeats or 1)
         hf = hf_model(model, resolve_dtype(name))
@@ -166,15 +166,16 @@ def main() -> None:
 
 def _table(r: dict) -> str:
     peers = list(r["transformers"])
-    rows = ["| | inferd " + r["inferd"]["dtype"] + " | " + " | ".join(f"transformers {p}" for p in peers)
-            + " | inferd / best peer |", "|---" * (3 + len(peers)) + "|"]
+    columns = ["", "inferd " + r["inferd"]["dtype"], *(f"transformers {p}" for p in peers)]
+    columns += ["inferd / best peer"] if peers else []
+    rows = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     keys = [("prefill 1,024 tok/s", lambda d: d["prefill"])] + [
         (f"decode B={b} tok/s", lambda d, b=b: d["decode"][b]) for b in r["inferd"]["decode"]]
     for label, get in keys:
         ours = get(r["inferd"])["median_tok_s"]
         theirs = [get(r["transformers"][p])["median_tok_s"] for p in peers]
-        rows.append(f"| {label} | {ours} | " + " | ".join(str(t) for t in theirs)
-                    + f" | {ours / max(theirs):.2f}x |" if theirs else " |")
+        cells = [label, ours, *theirs] + ([f"{ours / max(theirs):.2f}x"] if theirs else [])
+        rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(rows)
 
 

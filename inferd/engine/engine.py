@@ -29,7 +29,7 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 
 def _cpu_has_fast_bf16() -> bool:
-    """bf16 matmuls only beat fp32 where the CPU has AMX or AVX-512 BF16 (measured: 6x faster with AMX, 8x slower without)."""
+    """bf16 matmuls only beat fp32 where the CPU has AMX or AVX-512 BF16 (see benchmarks/README.md)."""
     try:
         flags = open("/proc/cpuinfo").read()
     except OSError:
