@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Lifespan
 
-from inferd.api.errors import (ClientClosedRequest, InvalidRequest, ModelNotFound, PayloadTooLarge,
+from inferd.api.errors import (ClientClosedRequest, DeadlineExceeded, InvalidRequest, ModelNotFound, PayloadTooLarge,
                                ServiceUnavailable, error_body, to_api_error)
 from inferd.api.protocol import (ChatCompletionRequest, ChoiceResult, CompletionRequest, ResponseMeta,
                                  SamplingRequest, chat_chunk, chat_logprobs, chat_response, completion_chunk,
@@ -73,6 +73,7 @@ class Job:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_s: float  # time.monotonic() when the HTTP request arrived
+    deadline_s: float | None = None  # time.monotonic() by which its first output must exist
 
 
 # routes
@@ -139,8 +140,9 @@ class OpenAIRoutes:
         rid, n, max_len = request.state.request_id, body.num_choices, self.backend.info.max_model_len
         if any(not p for p in prompts):
             raise InvalidRequest("the prompt is empty", param="prompt")
+        deadline = _deadline_s(request)
         return [Job(i * n + j, f"{rid}-{i * n + j}", p, body.sampling_params(len(p), max_len, j),
-                    request.state.arrival_s) for i, p in enumerate(prompts) for j in range(n)]
+                    request.state.arrival_s, deadline) for i, p in enumerate(prompts) for j in range(n)]
 
     def _meta(self, prefix: str, request: Request) -> ResponseMeta:
         info = self.backend.info
@@ -155,10 +157,11 @@ class OpenAIRoutes:
         """All choices run concurrently; their outputs merged in arrival order."""
         queue: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
         tasks = [asyncio.create_task(self._pump(job, queue)) for job in jobs]
-        remaining = len(tasks)
+        remaining, unstarted = len(tasks), {job.index for job in jobs}
         try:
             while remaining:
-                index, item = await queue.get()
+                index, item = await _next_output(queue, jobs[0].deadline_s if unstarted else None)
+                unstarted.discard(index)
                 if isinstance(item, Exception):
                     raise item
                 if item is None:
@@ -212,12 +215,13 @@ class OpenAIRoutes:
             async for index, out in outputs:
                 if not started[index]:
                     started[index] = True
-                    yield sse_event(chat_chunk(meta, index, {"role": "assistant", "content": ""}, None, None, usage))
+                    yield sse_event(chat_chunk(meta, index, {"role": "assistant", "content": ""}, None, None,
+                                               _so_far(body, prompt_lens, tokens)))
                 tokens[index] = out.num_output_tokens
                 lps = chat_logprobs(out.logprobs, self._token_bytes) if body.logprobs and out.logprobs else None
                 if out.text or lps or out.finished:
                     delta = {"content": out.text} if out.text else {}
-                    yield sse_event(chat_chunk(meta, index, delta, lps, _finish(out), usage))
+                    yield sse_event(chat_chunk(meta, index, delta, lps, _finish(out), _so_far(body, prompt_lens, tokens)))
         if usage:
             yield sse_event(usage_chunk(meta, "chat.completion.chunk", usage_body(sum(prompt_lens), sum(tokens))))
         yield SSE_DONE
@@ -233,7 +237,8 @@ class OpenAIRoutes:
                     lps = completion_logprobs(out.logprobs, self._token_bytes, offsets[index])
                 offsets[index] += len(out.text)
                 if out.text or lps or out.finished:
-                    yield sse_event(completion_chunk(meta, index, out.text, lps, _finish(out), usage))
+                    yield sse_event(completion_chunk(meta, index, out.text, lps, _finish(out),
+                                                     _so_far(body, prompt_lens, tokens)))
         if usage:
             yield sse_event(usage_chunk(meta, "text_completion", usage_body(sum(prompt_lens), sum(tokens))))
         yield SSE_DONE
@@ -257,6 +262,26 @@ async def _read_json(request: Request, max_body_bytes: int) -> Any:
             raise PayloadTooLarge(f"The request body is larger than {max_body_bytes} bytes.")
         chunks.append(chunk)
     return json.loads(b"".join(chunks))
+
+
+def _deadline_s(request: Request) -> float | None:
+    """x-inferd-deadline-ms (set by the gateway): work not started by then is dropped."""
+    raw = request.headers.get("x-inferd-deadline-ms")
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidRequest("x-inferd-deadline-ms must be a positive integer (milliseconds)",
+                             param="x-inferd-deadline-ms")
+    return request.state.arrival_s + int(raw) / 1000
+
+
+async def _next_output(queue: asyncio.Queue, deadline_s: float | None) -> tuple:
+    if deadline_s is None:
+        return await queue.get()
+    try:
+        return await asyncio.wait_for(queue.get(), max(deadline_s - time.monotonic(), 0.0))
+    except asyncio.TimeoutError:
+        raise DeadlineExceeded("The request's deadline passed before it started; it was dropped.") from None
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -289,6 +314,13 @@ async def _sse_body(first: bytes, events: AsyncGenerator[bytes, None]) -> AsyncG
         yield SSE_DONE
     finally:
         await events.aclose()
+
+
+def _so_far(body: SamplingRequest, prompt_lens: list[int], tokens: list[int]) -> bool | dict:
+    """The chunk's usage field: the usage so far with continuous_usage_stats, else null or absent."""
+    if body.continuous_usage:
+        return usage_body(sum(prompt_lens), sum(tokens))
+    return body.include_usage
 
 
 def _finish(out: RequestOutput) -> str | None:

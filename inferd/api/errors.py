@@ -21,10 +21,12 @@ class APIError(Exception):
     type: str = "invalid_request_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.headers = headers or {}
         if code is not None:
             self.code = code
 
@@ -49,6 +51,32 @@ class NotFound(APIError):
 
 class ModelNotFound(NotFound):
     code = "model_not_found"
+
+
+class PermissionDenied(APIError):
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
+
+
+class RateLimitExceeded(APIError):
+    """A tenant's limit; code names it (requests_per_minute, tokens_per_minute, max_concurrency, budget)."""
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class Overloaded(APIError):
+    """The deployment's queue is full; retry after the Retry-After header."""
+    status = 503
+    type = "server_error"
+    code = "queue_full"
+
+
+class DeadlineExceeded(APIError):
+    status = 504
+    type = "timeout_error"
+    code = "deadline_exceeded"
 
 
 class MethodNotAllowed(APIError):
@@ -106,7 +134,7 @@ def error_body(err: APIError) -> dict:
 
 def error_response(exc: BaseException) -> JSONResponse:
     err = to_api_error(exc)
-    return JSONResponse(error_body(err), status_code=err.status)
+    return JSONResponse(error_body(err), status_code=err.status, headers=err.headers or None)
 
 
 # helpers

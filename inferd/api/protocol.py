@@ -21,6 +21,7 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's extension: usage so far on every chunk (the gateway bills by it)
 
 
 class TextPart(_Body):
@@ -65,6 +66,10 @@ class SamplingRequest(_Body):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.include_usage and self.stream_options.continuous_usage_stats)
+
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
@@ -73,7 +78,7 @@ class SamplingRequest(_Body):
 
     def sampling_params(self, num_prompt_tokens: int, max_model_len: int, choice: int = 0) -> SamplingParams:
         """Engine parameters for one choice of one prompt; raises ContextLengthExceeded."""
-        max_tokens = self._checked_max_tokens(num_prompt_tokens, max_model_len)
+        max_tokens = self.checked_max_tokens(num_prompt_tokens, max_model_len)
         logprobs, top_logprobs = self.logprob_settings()
         return SamplingParams(
             max_tokens=max_tokens,
@@ -90,7 +95,7 @@ class SamplingRequest(_Body):
             top_logprobs=top_logprobs,
         )
 
-    def _checked_max_tokens(self, num_prompt_tokens: int, max_model_len: int) -> int:
+    def checked_max_tokens(self, num_prompt_tokens: int, max_model_len: int) -> int:
         requested = self.requested_max_tokens()
         max_tokens = requested if requested is not None else max_model_len - num_prompt_tokens
         if num_prompt_tokens + max(max_tokens, 1) > max_model_len:
@@ -269,9 +274,10 @@ def chat_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, 
 
 
 def chat_chunk(meta: ResponseMeta, index: int, delta: dict, logprobs: dict | None, finish_reason: str | None,
-               usage: bool) -> dict:
+               usage: bool | dict) -> dict:
+    """usage: False (no field), True (null, as with include_usage) or the usage so far."""
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    return _envelope(meta, "chat.completion.chunk") | {"choices": [choice]} | ({"usage": None} if usage else {})
+    return _envelope(meta, "chat.completion.chunk") | {"choices": [choice]} | _chunk_usage(usage)
 
 
 def completion_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_bytes: TokenBytes,
@@ -283,9 +289,15 @@ def completion_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: 
 
 
 def completion_chunk(meta: ResponseMeta, index: int, text: str, logprobs: dict | None, finish_reason: str | None,
-                     usage: bool) -> dict:
+                     usage: bool | dict) -> dict:
     choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-    return _envelope(meta, "text_completion") | {"choices": [choice]} | ({"usage": None} if usage else {})
+    return _envelope(meta, "text_completion") | {"choices": [choice]} | _chunk_usage(usage)
+
+
+def _chunk_usage(usage: bool | dict) -> dict:
+    if isinstance(usage, dict):
+        return {"usage": usage}
+    return {"usage": None} if usage else {}
 
 
 def usage_chunk(meta: ResponseMeta, obj: str, usage: dict) -> dict:
