@@ -23,6 +23,9 @@ class EngineStats:
     kv_blocks_used: int
     kv_blocks_total: int
     num_preemptions: int
+    prefix_cache_query_tokens: int
+    prefix_cache_hit_tokens: int
+    prefix_cache_evictions: int
 
 
 class AsyncEngine:
@@ -66,10 +69,11 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         s, b = self.engine.scheduler, self.engine.blocks
-        return EngineStats(len(s.running), len(s.waiting), b.num_used_blocks, b.num_blocks, s.num_preemptions)
+        return EngineStats(len(s.running), len(s.waiting), b.num_used_blocks, b.num_blocks, s.num_preemptions,
+                           b.num_query_tokens, b.num_hit_tokens, b.num_evictions)
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       cache_namespace: str = "default") -> AsyncIterator[RequestOutput]:
         if self._error is not None:
             raise EngineDeadError(f"the engine stopped: {self._error}")
         self.engine.check_request(len(prompt_token_ids), params)
@@ -77,7 +81,7 @@ class AsyncEngine:
             raise EngineError(f"request id {request_id!r} is already in use")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        self._inbox.put(("add", (request_id, prompt_token_ids, params)))
+        self._inbox.put(("add", (request_id, prompt_token_ids, params, cache_namespace)))
         finished = False
         try:
             while not finished:

@@ -1,4 +1,4 @@
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -13,9 +13,13 @@ class EngineConfig:
     pack_weights: bool = True  # prepack linear weights for oneDNN where the CPU supports the dtype
     paged_attention_kernel: bool = True  # fp32 decode attention in C++, built on first use (torch path if not)
     num_threads: int | None = None  # torch threads for the engine; default: all cores
+    enable_prefix_caching: bool = True  # reuse the KV of full prompt blocks seen before in the same namespace
+    public_prefixes: list[list[int]] = field(default_factory=list)  # token ids (system prompts) all namespaces share
 
     def __post_init__(self):
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:
             raise ValueError("kv_cache_gib must be positive")
+        if any(not prefix for prefix in self.public_prefixes):
+            raise ValueError("a public prefix must hold at least one token id")

@@ -65,7 +65,7 @@ class LLMEngine:
         if num_blocks < 1:
             raise ValueError(f"a KV cache of {config.kv_cache_gib} GiB holds no {config.block_size}-token block "
                              "of this model; raise kv_cache_gib")
-        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.kv_capacity_tokens = num_blocks * config.block_size
         if self.kv_capacity_tokens < self.max_model_len:
             log.warning("the KV cache holds %d tokens, less than max_model_len %d: requests are limited to %d",
@@ -74,8 +74,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.blocks, self.dtype)
         self.sampler = Sampler()
         self.seqs: dict[str, Sequence] = {}
-        log.info("engine: dtype=%s kv_blocks=%d block_size=%d max_model_len=%d", self.dtype, num_blocks,
-                 config.block_size, self.max_model_len)
+        log.info("engine: dtype=%s kv_blocks=%d block_size=%d max_model_len=%d prefix_caching=%s", self.dtype,
+                 num_blocks, config.block_size, self.max_model_len, "on" if config.enable_prefix_caching else "off")
 
     # ---- requests
 
@@ -95,14 +95,21 @@ class LLMEngine:
         """Most tokens (prompt + output) one request may hold: the model's context, or the whole KV pool if less."""
         return min(self.max_model_len, self.kv_capacity_tokens)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    cache_namespace: str = "default") -> None:
+        """cache_namespace: prefix-cache blocks are reused only by requests of the same namespace (a tenant)."""
         self.check_request(len(prompt_token_ids), params)
         if request_id in self.seqs:
             raise EngineError(f"request id {request_id!r} is already running")
         stream = self.tokenizer.new_decode_stream(params.skip_special_tokens)
-        seq = Sequence(request_id, prompt_token_ids, params, stream)
+        seq = Sequence(request_id, prompt_token_ids, params, stream, cache_namespace,
+                       self._public_prefix_len(prompt_token_ids))
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
+
+    def _public_prefix_len(self, prompt_token_ids: list[int]) -> int:
+        """Length of the longest public prefix (EngineConfig.public_prefixes) the prompt starts with."""
+        return max((len(p) for p in self.config.public_prefixes if prompt_token_ids[:len(p)] == p), default=0)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self.seqs.pop(request_id, None)
@@ -125,6 +132,7 @@ class LLMEngine:
         sampling = [item.seq for item in batch.seqs if item.samples]
         for item in batch.seqs:
             item.seq.num_computed_tokens += item.num_tokens
+            self.blocks.cache_full_blocks(item.seq)
         tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], [])
         now = time.monotonic()
         return [self._append(seq, token, lp, now) for seq, token, lp in zip(sampling, tokens, logprobs)]
@@ -161,7 +169,7 @@ class LLMEngine:
         queue_s = seq.first_scheduled_time - seq.arrival_time if seq.first_scheduled_time else None
         return RequestOutput(seq.request_id, text, token_ids, logprobs if seq.params.logprobs else None,
                              seq.is_finished, seq.finish_reason, seq.num_prompt_tokens, seq.num_output_tokens,
-                             seq.first_token_time, queue_s)
+                             seq.first_token_time, queue_s, seq.num_cached_tokens)
 
 
 def _cut_at_stop(seq: Sequence, new_from: int) -> bool:

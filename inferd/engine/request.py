@@ -64,3 +64,4 @@ class RequestOutput:
     num_output_tokens: int
     first_token_time: float | None = None  # time.monotonic() of the first output token
     queue_time_s: float | None = None  # time from arrival to first scheduled
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache

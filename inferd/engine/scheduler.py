@@ -36,7 +36,8 @@ class Scheduler:
     """Continuous batching under a token budget: decodes first, then prompt chunks.
 
     When the KV pool runs out, the newest running sequence is preempted: its
-    blocks are freed and it is recomputed later from its tokens.
+    blocks are freed and it is recomputed later from its tokens, starting at
+    whatever of them is still in the prefix cache.
     """
 
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
@@ -83,16 +84,21 @@ class Scheduler:
         return budget, preempted
 
     def _schedule_waiting(self, batch: Batch, budget: int) -> None:
+        """Starts waiting sequences at their longest cached prefix; the rest is computed in prompt chunks."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed_tokens, budget)
-            if not self.blocks.can_allocate(seq, seq.num_computed_tokens + n):
+            prefix = self.blocks.cached_prefix(seq)
+            start = len(prefix) * self.blocks.block_size
+            n = min(len(seq) - start, budget)
+            if not self.blocks.can_admit(seq, start + n, prefix):
                 break
             self.waiting.popleft()
-            self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            self.blocks.admit(seq, start + n, prefix)
+            seq.num_computed_tokens = start
             seq.status = Status.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
+                seq.num_cached_tokens = start
             self.running.append(seq)
             batch.prefills.append(ScheduledSeq(seq, n))
             budget -= n

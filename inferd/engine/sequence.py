@@ -15,8 +15,10 @@ class Status(Enum):
 class Sequence:
     """One generation: the prompt, the tokens produced so far and where its KV lives."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, decode_stream=None):
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, decode_stream=None,
+                 cache_namespace: str = "default", num_public_tokens: int = 0):
         assert prompt_token_ids, "empty prompt"
+        assert 0 <= num_public_tokens <= len(prompt_token_ids)
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -24,6 +26,11 @@ class Sequence:
         self.status = Status.WAITING
         self.block_table: list[int] = []
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.cache_namespace = cache_namespace  # prefix-cache blocks are shared only within one namespace
+        self.num_public_tokens = num_public_tokens  # leading prompt tokens of a public prefix, shared by all
+        self.block_hashes: list[bytes] = []  # of the leading full blocks of token_ids, filled as needed
+        self.num_offered_blocks = 0  # leading blocks of block_table already offered to the prefix cache
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache when first scheduled
         self.arrival_time = time.monotonic()
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

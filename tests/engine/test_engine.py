@@ -36,8 +36,17 @@ def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]
             if out.finished:
                 finish[out.request_id] = out.finish_reason
     assert not engine.has_work(), "engine did not drain"
-    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks, "KV blocks leaked"
+    assert_no_leak(engine)
     return tokens, text, finish
+
+
+def assert_no_leak(engine: LLMEngine) -> None:
+    """Every block free (cached blocks count as free), none referenced, the prefix cache consistent."""
+    b = engine.blocks
+    assert b.num_free_blocks == b.num_blocks, "KV blocks leaked"
+    assert all(block.ref_count == 0 for block in b.blocks), "a free block is still referenced"
+    assert sorted(b.cached.values()) == sorted(b.evictable) == sorted(k.block_id for k in b.blocks if k.hash)
+    assert all(b.blocks[i].hash == h for h, i in b.cached.items())
 
 
 def greedy(n: int) -> SamplingParams:
@@ -175,7 +184,8 @@ def test_abort_frees_blocks_at_once():
     out = engine.abort("a")
     assert out.finished and out.finish_reason == "abort"
     engine.abort("b")
-    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks and not engine.has_work()
+    assert_no_leak(engine)
+    assert not engine.has_work()
     assert engine.abort("a") is None
 
 
