@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     serve.add_argument("--num-threads", type=int, default=None,
                        help="torch threads for the engine (default: all cores)")
+    serve.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                       help="never reuse the KV of earlier prompts (default: reuse within a cache namespace)")
     serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     add_bench_parser(commands)
     return parser
@@ -43,7 +45,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         return EngineConfig(dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gib=args.kv_cache_gib,
                             num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
-                            num_threads=args.num_threads)
+                            num_threads=args.num_threads, enable_prefix_caching=args.enable_prefix_caching)
     except ValueError as exc:
         raise SystemExit(f"inferd serve: error: {exc}")
 

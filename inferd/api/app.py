@@ -55,14 +55,15 @@ class TextBackend(Protocol):
     info: ModelInfo
     tokenizer: Tokenizer
 
-    def generate(self, request_id: str, prompt_token_ids: list[int],
-                 params: SamplingParams) -> AsyncIterator[RequestOutput]: ...
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 cache_namespace: str = "default") -> AsyncIterator[RequestOutput]: ...
 
 
 @dataclass(slots=True)
 class APIConfig:
     api_key: str | None = None
     max_body_bytes: int = 16 * 2**20
+    cache_namespace_header: str | None = None  # internal header naming the prefix-cache namespace (replicas only)
 
 
 @dataclass(slots=True)
@@ -74,6 +75,7 @@ class Job:
     params: SamplingParams
     arrival_s: float  # time.monotonic() when the HTTP request arrived
     deadline_s: float | None = None  # time.monotonic() by which its first output must exist
+    cache_namespace: str = "default"  # the engine reuses cached KV only within one namespace (a tenant)
 
 
 # routes
@@ -140,9 +142,13 @@ class OpenAIRoutes:
         rid, n, max_len = request.state.request_id, body.num_choices, self.backend.info.max_model_len
         if any(not p for p in prompts):
             raise InvalidRequest("the prompt is empty", param="prompt")
-        deadline = _deadline_s(request)
+        deadline, namespace = _deadline_s(request), self._cache_namespace(request)
         return [Job(i * n + j, f"{rid}-{i * n + j}", p, body.sampling_params(len(p), max_len, j),
-                    request.state.arrival_s, deadline) for i, p in enumerate(prompts) for j in range(n)]
+                    request.state.arrival_s, deadline, namespace) for i, p in enumerate(prompts) for j in range(n)]
+
+    def _cache_namespace(self, request: Request) -> str:
+        header = self.config.cache_namespace_header
+        return (request.headers.get(header) if header else None) or "default"
 
     def _meta(self, prefix: str, request: Request) -> ResponseMeta:
         info = self.backend.info
@@ -177,7 +183,8 @@ class OpenAIRoutes:
     async def _pump(self, job: Job, queue: asyncio.Queue) -> None:
         trace = self.metrics.start_sequence(job.arrival_s) if self.metrics else None
         try:
-            async with aclosing(self.backend.generate(job.request_id, job.prompt_token_ids, job.params)) as outs:
+            outs = self.backend.generate(job.request_id, job.prompt_token_ids, job.params, job.cache_namespace)
+            async with aclosing(outs):
                 async for out in outs:
                     if trace:
                         trace.observe(out)
@@ -210,37 +217,38 @@ class OpenAIRoutes:
 
     async def _chat_events(self, meta: ResponseMeta, body: ChatCompletionRequest, jobs: list[Job],
                            prompt_lens: list[int]) -> AsyncGenerator[bytes, None]:
-        usage, tokens, started = body.include_usage, [0] * len(jobs), [False] * len(jobs)
+        usage, results, started = body.include_usage, [ChoiceResult(job.index) for job in jobs], [False] * len(jobs)
         async with aclosing(self._outputs(jobs)) as outputs:
             async for index, out in outputs:
                 if not started[index]:
                     started[index] = True
                     yield sse_event(chat_chunk(meta, index, {"role": "assistant", "content": ""}, None, None,
-                                               _so_far(body, prompt_lens, tokens)))
-                tokens[index] = out.num_output_tokens
+                                               _so_far(body, prompt_lens, results)))
+                results[index].count(out)
                 lps = chat_logprobs(out.logprobs, self._token_bytes) if body.logprobs and out.logprobs else None
                 if out.text or lps or out.finished:
                     delta = {"content": out.text} if out.text else {}
-                    yield sse_event(chat_chunk(meta, index, delta, lps, _finish(out), _so_far(body, prompt_lens, tokens)))
+                    yield sse_event(chat_chunk(meta, index, delta, lps, _finish(out),
+                                               _so_far(body, prompt_lens, results)))
         if usage:
-            yield sse_event(usage_chunk(meta, "chat.completion.chunk", usage_body(sum(prompt_lens), sum(tokens))))
+            yield sse_event(usage_chunk(meta, "chat.completion.chunk", _usage(prompt_lens, results)))
         yield SSE_DONE
 
     async def _completion_events(self, meta: ResponseMeta, body: CompletionRequest, jobs: list[Job],
                                  prompt_lens: list[int]) -> AsyncGenerator[bytes, None]:
-        usage, tokens, offsets = body.include_usage, [0] * len(jobs), [0] * len(jobs)
+        usage, results, offsets = body.include_usage, [ChoiceResult(job.index) for job in jobs], [0] * len(jobs)
         async with aclosing(self._outputs(jobs)) as outputs:
             async for index, out in outputs:
-                tokens[index] = out.num_output_tokens
+                results[index].count(out)
                 lps = None
                 if body.logprobs is not None and out.logprobs:
                     lps = completion_logprobs(out.logprobs, self._token_bytes, offsets[index])
                 offsets[index] += len(out.text)
                 if out.text or lps or out.finished:
                     yield sse_event(completion_chunk(meta, index, out.text, lps, _finish(out),
-                                                     _so_far(body, prompt_lens, tokens)))
+                                                     _so_far(body, prompt_lens, results)))
         if usage:
-            yield sse_event(usage_chunk(meta, "text_completion", usage_body(sum(prompt_lens), sum(tokens))))
+            yield sse_event(usage_chunk(meta, "text_completion", _usage(prompt_lens, results)))
         yield SSE_DONE
 
 
@@ -316,10 +324,10 @@ async def _sse_body(first: bytes, events: AsyncGenerator[bytes, None]) -> AsyncG
         await events.aclose()
 
 
-def _so_far(body: SamplingRequest, prompt_lens: list[int], tokens: list[int]) -> bool | dict:
+def _so_far(body: SamplingRequest, prompt_lens: list[int], results: list[ChoiceResult]) -> bool | dict:
     """The chunk's usage field: the usage so far with continuous_usage_stats, else null or absent."""
     if body.continuous_usage:
-        return usage_body(sum(prompt_lens), sum(tokens))
+        return _usage(prompt_lens, results)
     return body.include_usage
 
 
@@ -328,4 +336,7 @@ def _finish(out: RequestOutput) -> str | None:
 
 
 def _usage(prompt_lens: list[int], results: list[ChoiceResult]) -> dict:
-    return usage_body(sum(prompt_lens), sum(r.num_output_tokens for r in results))
+    """Each prompt counts once, as cached as the least cached of its n choices (results in job order)."""
+    n = len(results) // len(prompt_lens)
+    cached = sum(min(r.num_cached_tokens for r in results[i:i + n]) for i in range(0, len(results), n))
+    return usage_body(sum(prompt_lens), sum(r.num_output_tokens for r in results), cached)

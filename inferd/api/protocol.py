@@ -218,22 +218,29 @@ class ChoiceResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
 
     def add(self, out: RequestOutput) -> None:
         self.text_parts.append(out.text)
         self.logprobs.extend(out.logprobs or [])
-        self.num_output_tokens = out.num_output_tokens
+        self.count(out)
         if out.finished:
             self.finish_reason = out.finish_reason
+
+    def count(self, out: RequestOutput) -> None:
+        """Token counts only (streaming sends the text and logprobs on at once)."""
+        self.num_output_tokens = out.num_output_tokens
+        self.num_cached_tokens = out.num_cached_tokens
 
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
 
 
-def usage_body(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _envelope(meta: ResponseMeta, obj: str) -> dict:

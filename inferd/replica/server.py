@@ -19,6 +19,7 @@ from inferd.telemetry.metrics import ServerMetrics, metrics_route
 log = logging.getLogger(__name__)
 
 READINESS_PROMPT = "Hello"
+CACHE_NAMESPACE_HEADER = "x-inferd-cache-namespace"  # set by the gateway to the tenant id; absent: "default"
 
 
 @dataclass(slots=True)
@@ -49,9 +50,9 @@ class EngineBackend:
                               vocab_size=model.tokenizer.vocab_size, source_path=str(model.path),
                               digests=dict(model.digests))
 
-    def generate(self, request_id: str, prompt_token_ids: list[int],
-                 params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        return self.engine.generate(request_id, prompt_token_ids, params)
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 cache_namespace: str = "default") -> AsyncIterator[RequestOutput]:
+        return self.engine.generate(request_id, prompt_token_ids, params, cache_namespace)
 
 
 # app
@@ -63,7 +64,8 @@ def build_replica_app(engine: AsyncEngine, model: LoadedModel, config: ReplicaCo
     routes = [Route("/health", _health, methods=["GET"]),
               Route("/ready", _ready_endpoint(engine, readiness), methods=["GET"]),
               metrics_route(metrics)]
-    return create_app(backend, APIConfig(api_key=config.api_key), metrics=metrics, extra_routes=routes,
+    api_config = APIConfig(api_key=config.api_key, cache_namespace_header=CACHE_NAMESPACE_HEADER)
+    return create_app(backend, api_config, metrics=metrics, extra_routes=routes,
                       lifespan=_lifespan(engine, backend, readiness, config.url))
 
 
@@ -112,4 +114,4 @@ async def _readiness_probe(engine: AsyncEngine, backend: EngineBackend, readines
         log.error("readiness inference failed: %s: %s", type(exc).__name__, exc)
         return
     readiness.ready = True
-    log.info("inferd ready: model=%s url=%s", backend.info.name, url)
+    log.info("replica ready: model=%s url=%s", backend.info.name, url)

@@ -22,6 +22,9 @@ class EngineStatsLike(Protocol):
     kv_blocks_used: int
     kv_blocks_total: int
     num_preemptions: int
+    prefix_cache_query_tokens: int
+    prefix_cache_hit_tokens: int
+    prefix_cache_evictions: int
 
 
 StatsSource = Callable[[], EngineStatsLike]
@@ -45,6 +48,12 @@ class EngineCollector:
         yield GaugeMetricFamily("inferd_kv_cache_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)
         yield GaugeMetricFamily("inferd_kv_cache_blocks_total", "KV cache blocks in the pool.", s.kv_blocks_total)
         yield CounterMetricFamily("inferd_preemptions", "Sequences preempted since start.", s.num_preemptions)
+        yield CounterMetricFamily("inferd_prefix_cache_query_tokens", "Tokens of sequences looked up in the "
+                                  "prefix cache when scheduled.", s.prefix_cache_query_tokens)
+        yield CounterMetricFamily("inferd_prefix_cache_hit_tokens", "Tokens found in the prefix cache (not "
+                                  "computed).", s.prefix_cache_hit_tokens)
+        yield CounterMetricFamily("inferd_prefix_cache_evictions", "Cached KV blocks evicted for reuse.",
+                                  s.prefix_cache_evictions)
 
 
 # request metrics

@@ -1,4 +1,5 @@
 """The real `inferd serve` (default SmolLM2 model, float32) driven by the official openai client."""
+import functools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,6 +211,50 @@ def test_malformed_json(url):
                             "x-request-id": "bad-json-1"})
     assert r.status_code == 400 and r.headers["x-request-id"] == "bad-json-1"
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+# prefix cache
+
+DOCUMENT = " ".join(f"Fact {i}: the code word for item {i} is {i * 37 % 101}." for i in range(30))
+NAMESPACE_HEADER = "x-inferd-cache-namespace"
+
+
+def cached(usage) -> int:
+    return usage.prompt_tokens_details.cached_tokens
+
+
+def ask_about_document(client: openai.OpenAI, model: str, question: str, **kw):
+    return client.chat.completions.create(model=model, messages=chat_messages(f"{DOCUMENT}\n\nQuestion: {question}"),
+                                          max_tokens=2, **kw)
+
+
+def test_cached_tokens_in_usage_within_one_namespace_only(url, client, model):
+    tenant = {NAMESPACE_HEADER: f"tenant-{time.monotonic_ns()}"}
+    ask = functools.partial(ask_about_document, client, model)
+    before = metrics(url)
+    first = ask("Which code word belongs to item 3?", extra_headers=tenant)
+    assert cached(first.usage) == 0  # a new namespace has nothing cached, not even the system prompt
+    second = ask("And item 4?", extra_headers=tenant)
+    assert cached(second.usage) >= 256 and cached(second.usage) < second.usage.prompt_tokens
+    other = ask("And item 4?", extra_headers={NAMESPACE_HEADER: tenant[NAMESPACE_HEADER] + "-other"})
+    assert cached(other.usage) == 0
+    stream = ask("And item 5?", extra_headers=tenant, stream=True, stream_options={"include_usage": True})
+    assert cached(list(stream)[-1].usage) == cached(second.usage)
+    after = metrics(url)
+    hits = after["inferd_prefix_cache_hit_tokens_total"] - before["inferd_prefix_cache_hit_tokens_total"]
+    assert hits >= 2 * cached(second.usage)
+    assert after["inferd_prefix_cache_query_tokens_total"] > before["inferd_prefix_cache_query_tokens_total"] + hits
+    assert "inferd_prefix_cache_evictions_total" in after
+
+
+def test_cached_tokens_in_completions_usage(client, model):
+    prompt = f"{DOCUMENT}\nThe code word for item 7 is"
+    client.completions.create(model=model, prompt=prompt, max_tokens=1)
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=1)
+    assert r.usage.prompt_tokens - 16 <= cached(r.usage) < r.usage.prompt_tokens
+    stream = client.completions.create(model=model, prompt=prompt, max_tokens=1, stream=True,
+                                       stream_options={"include_usage": True})
+    assert cached(list(stream)[-1].usage) == cached(r.usage)
 
 
 # metrics and cancellation

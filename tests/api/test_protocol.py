@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from inferd.api.errors import ContextLengthExceeded, InvalidRequest
 from inferd.api.protocol import (ChatCompletionRequest, ChoiceResult, CompletionRequest, ResponseMeta, chat_chunk,
-                                 chat_logprobs, completion_logprobs, usage_chunk)
+                                 chat_logprobs, completion_logprobs, usage_body, usage_chunk)
 from inferd.api.sse import SSE_DONE, sse_event
 from inferd.engine.request import EngineError, RequestOutput, TokenLogprob
 
@@ -171,6 +171,15 @@ def test_choice_result_accumulates():
     result.add(RequestOutput("r", "llo", [2], None, True, "stop", 4, 2))
     assert (result.text, result.finish_reason, result.num_output_tokens) == ("Hello", "stop", 2)
     assert len(result.logprobs) == 1
+
+
+def test_usage_reports_cached_prompt_tokens_the_openai_way():
+    result = ChoiceResult(0)
+    result.add(RequestOutput("r", "Hi", [1], None, True, "stop", 40, 1, num_cached_tokens=32))
+    assert result.num_cached_tokens == 32
+    assert usage_body(40, 1, 32) == {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41,
+                                     "prompt_tokens_details": {"cached_tokens": 32}}
+    assert usage_body(40, 1)["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
 def test_stream_chunks_and_sse_framing():
