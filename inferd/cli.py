@@ -5,38 +5,62 @@ import sys
 
 from inferd.bench.cli import add_bench_parser
 from inferd.engine.config import EngineConfig
+from inferd.gateway import cli as gateway_cli
 
 log = logging.getLogger("inferd")
 
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 DEFAULTS = EngineConfig()
+ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "num_kv_blocks", "max_model_len",
+                "num_threads", "served_model_name")
 
 
 # parser
 
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name", default=None, help="the model id clients use (default: the model's)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    p.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULTS.max_num_batched_tokens)
+    p.add_argument("--kv-cache-gib", type=float, default=DEFAULTS.kv_cache_gib)
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="overrides --kv-cache-gib")
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
+    p.add_argument("--num-threads", type=int, default=None, help="torch threads for the engine (default: all cores)")
+    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="never reuse the KV of earlier prompts (default: reuse within a cache namespace)")
+
+
+def _listen_flags(p: argparse.ArgumentParser, key_help: str) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("INFERD_API_KEY"), help=key_help)
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferd", description="Self-hosted LLM inference, OpenAI-compatible.")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve one model over the OpenAI API")
-    serve.add_argument("model", nargs="?", default=None,
-                       help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=os.environ.get("INFERD_API_KEY"),
-                       help="require 'Authorization: Bearer KEY' on /v1/* (default: $INFERD_API_KEY)")
-    serve.add_argument("--served-model-name", default=None, help="the model id clients use (default: the model's)")
-    serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
-    serve.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=DEFAULTS.max_num_batched_tokens)
-    serve.add_argument("--kv-cache-gib", type=float, default=DEFAULTS.kv_cache_gib)
-    serve.add_argument("--num-kv-blocks", type=int, default=None, help="overrides --kv-cache-gib")
-    serve.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
-    serve.add_argument("--num-threads", type=int, default=None,
-                       help="torch threads for the engine (default: all cores)")
-    serve.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                       help="never reuse the KV of earlier prompts (default: reuse within a cache namespace)")
-    serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    serve = commands.add_parser("serve", help="the gateway in front of local replica processes of one model")
+    _engine_flags(serve)
+    _listen_flags(serve, "register this key (hashed) for tenant 'default' ($INFERD_API_KEY)")
+    serve.add_argument("--replicas", type=int, default=1, help="local replica processes (default 1)")
+    gateway_cli.add_gateway_flags(serve)
+    replica = commands.add_parser("replica", help="one replica: the engine behind the OpenAI API, no tenants")
+    _engine_flags(replica)
+    _listen_flags(replica, "require 'Authorization: Bearer KEY' on /v1/* ($INFERD_API_KEY)")
+    gateway = commands.add_parser("gateway", help="the gateway alone, in front of OpenAI-compatible upstreams")
+    gateway.add_argument("--upstream", action="append", required=True, help="base URL of a replica (repeatable)")
+    gateway.add_argument("--upstream-api-key", default=os.environ.get("INFERD_UPSTREAM_API_KEY"))
+    gateway.add_argument("--model", default=None, help="the model name clients use (default: the upstream's)")
+    gateway.add_argument("--tokenizer", default=None, help="a .gguf or model directory to count tokens with "
+                         "(default: the upstream's source_path, else the default model's)")
+    gateway.add_argument("--max-model-len", type=int, default=None)
+    _listen_flags(gateway, "register this key (hashed) for tenant 'default' ($INFERD_API_KEY)")
+    gateway_cli.add_gateway_flags(gateway)
     add_bench_parser(commands)
+    gateway_cli.add_parsers(commands)
     return parser
 
 
@@ -47,12 +71,22 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
                             num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
                             num_threads=args.num_threads, enable_prefix_caching=args.enable_prefix_caching)
     except ValueError as exc:
-        raise SystemExit(f"inferd serve: error: {exc}")
+        raise SystemExit(f"inferd {args.command}: error: {exc}")
+
+
+def _replica_args(args: argparse.Namespace) -> list[str]:
+    out = [args.model] if args.model else []
+    for name in ENGINE_FLAGS:
+        if getattr(args, name) is not None:
+            out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if not args.enable_prefix_caching:
+        out.append("--no-prefix-caching")
+    return out + ["--log-level", args.log_level]
 
 
 # commands
 
-def _serve(args: argparse.Namespace) -> int:
+def _replica(args: argparse.Namespace) -> int:
     from inferd.engine.async_engine import AsyncEngine
     from inferd.engine.engine import LLMEngine
     from inferd.models.llama import UnsupportedModelError
@@ -64,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         engine = AsyncEngine(LLMEngine(model, engine_config))
     except (ValueError, UnsupportedModelError) as exc:
-        raise SystemExit(f"inferd serve: error: {exc}")
+        raise SystemExit(f"inferd replica: error: {exc}")
     config = ReplicaConfig(host=args.host, port=args.port, api_key=args.api_key or None,
                            served_model_name=args.served_model_name, log_level=args.log_level)
     log.info("serving %s from %s (api key %s)", config.served_model_name or model.name, model.path,
@@ -74,15 +108,59 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """The gateway on --port, in front of --replicas local `inferd replica` processes."""
+    from inferd.control.replicas import ReplicaProcess
+    from inferd.gateway.deployments import Deployments, Upstream
+    from inferd.gateway.launch import deployment_for, gateway_config, open_store, run_gateway
+
+    _engine_config(args)  # bad engine flags stop here, before anything starts
+    config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
+    store = open_store(config, args.api_key)
+    replicas = [ReplicaProcess(_replica_args(args)) for _ in range(args.replicas)]
+    try:
+        for r in replicas:
+            r.start()
+        for r in replicas:
+            r.wait_ready()
+        upstreams = [Upstream(r.url, r.api_key, name=f"replica-{i}") for i, r in enumerate(replicas)]
+        deployments = Deployments()
+        deployments.add(deployment_for(upstreams, config))
+        run_gateway(config, store, deployments, args.log_level)
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 2
+    finally:
+        for r in replicas:
+            r.stop()
+    return 0
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from inferd.gateway.deployments import Deployments, Upstream
+    from inferd.gateway.launch import deployment_for, gateway_config, open_store, run_gateway
+
+    config = gateway_config(args, default_inflight=64)
+    store = open_store(config, args.api_key)
+    upstreams = [Upstream(u, args.upstream_api_key, name=f"upstream-{i}") for i, u in enumerate(args.upstream)]
+    deployments = Deployments()
+    deployments.add(deployment_for(upstreams, config, args.model, args.tokenizer, args.max_model_len))
+    run_gateway(config, store, deployments, args.log_level)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from inferd.telemetry.logs import setup_logging
+    setup_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
     if args.command == "bench":
         from inferd.bench.cli import run_bench
         return run_bench(args)
+    if args.command in ("keys", "tenants", "usage"):
+        return gateway_cli.run(args)
     from inferd.models.errors import ModelLoadError
     try:
-        return _serve(args)
+        return {"serve": _serve, "replica": _replica, "gateway": _gateway}[args.command](args)
     except ModelLoadError as exc:
         log.error("cannot load the model: %s", exc)
         return 2

@@ -22,9 +22,12 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(log_path: Path, *args: str) -> Iterator[str]:
-    """`inferd serve --dtype float32 ARGS` until the block ends; yields its base URL once /ready answers 200."""
+    """`inferd serve --dtype float32 ARGS` until the block ends; yields its base URL once /ready answers 200.
+
+    Its store is an SQLite file beside the log (db_url(log_path)), so each server starts empty."""
     port = free_port()
-    cmd = [sys.executable, "-m", "inferd.cli", "serve", "--dtype", "float32", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "inferd.cli", "serve", "--dtype", "float32", "--port", str(port),
+           "--db", db_url(log_path), "--spill-path", str(log_path.with_name("usage-spill.jsonl")), *args]
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
@@ -38,6 +41,26 @@ def running_server(log_path: Path, *args: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def db_url(log_path: Path) -> str:
+    return f"sqlite:///{log_path.with_name('inferd.db')}"
+
+
+def inferd(*args: str) -> str:
+    """Run an `inferd` command (keys, tenants, usage) and return its stdout; fails the test if it fails."""
+    done = subprocess.run([sys.executable, "-m", "inferd.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    if done.returncode != 0:
+        pytest.fail(f"inferd {' '.join(args)} exited with {done.returncode}:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def new_tenant_key(log_path: Path, name: str, *flags: str) -> str:
+    """A new tenant (with flags such as --tpm 100) and a key for it, made with the CLI on a server's store."""
+    import json
+    inferd("tenants", "create", name, "--db", db_url(log_path), *flags)
+    return json.loads(inferd("keys", "create", "--tenant", name, "--db", db_url(log_path), "--format", "json"))["key"]
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log_path: Path) -> None:

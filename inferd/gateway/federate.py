@@ -1,0 +1,41 @@
+"""The replicas' own metrics, served from the gateway's /metrics with a `replica` label (one scrape target)."""
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferd.gateway.deployments import Upstream
+
+
+async def replica_metrics(client: httpx.AsyncClient, upstreams: list[Upstream]) -> bytes:
+    texts = await asyncio.gather(*(_fetch(client, u) for u in upstreams))
+    families: dict[str, Metric] = {}
+    for upstream, text in zip(upstreams, texts):
+        for family in text_string_to_metric_families(text or ""):
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            merged.samples += [s._replace(labels=s.labels | {"replica": upstream.name}) for s in family.samples]
+    registry = CollectorRegistry()
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)
+
+
+async def _fetch(client: httpx.AsyncClient, upstream: Upstream) -> str | None:
+    try:
+        r = await client.get(f"{upstream.base_url}/metrics", timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    return r.text if r.status_code == 200 else None
+
+
+class _Families:
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+    def describe(self) -> list[Metric]:
+        return []

@@ -1,0 +1,87 @@
+"""Building and running a gateway: from flags to a served app (used by `inferd serve` and `inferd gateway`)."""
+import argparse
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from inferd.gateway.admission import AdmissionQueue, QueueConfig
+from inferd.gateway.app import Gateway, build_gateway_app
+from inferd.gateway.config import GatewayConfig, load_settings_file
+from inferd.gateway.deployments import Deployment, Deployments, Upstream, describe_upstream
+from inferd.gateway.keys import imported_key, lookup_id_of
+from inferd.gateway.limits import MemoryLimiter
+from inferd.gateway.store import Store
+from inferd.telemetry.tracing import make_tracer
+
+log = logging.getLogger("inferd")
+
+DEFAULT_TENANT = "default"
+
+
+def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayConfig:
+    settings = load_settings_file(args.gateway_config) if args.gateway_config else {}
+    queue = settings.get("queue") or QueueConfig(max_inflight=default_inflight)
+    overrides = {k: getattr(args, k) for k in ("max_inflight", "max_queue_len", "max_queued_tokens")
+                 if getattr(args, k) is not None}
+    queue = QueueConfig(**({"max_inflight": queue.max_inflight, "max_queue_len": queue.max_queue_len,
+                            "max_queued_tokens": queue.max_queued_tokens} | overrides))
+    config = GatewayConfig(host=args.host, port=args.port, db_url=args.db, redis_url=args.redis_url,
+                           admin_key=args.admin_key, prices=settings.get("prices", {}), queue=queue,
+                           otlp_endpoint=args.otlp_endpoint, log_format=args.log_format)
+    if args.spill_path:
+        config.spill_path = Path(args.spill_path)
+    return config
+
+
+def open_store(config: GatewayConfig, api_key: str | None) -> Store:
+    """Migrate the store; register --api-key (hashed) or, on a first start, make and show one key."""
+    store = Store(config.db_url)
+    store.migrate()
+    if api_key:
+        if store.find_key(lookup_id_of(api_key)) is None:
+            _default_tenant(store)
+            store.create_key(DEFAULT_TENANT, "--api-key", new_key=imported_key(api_key))
+    elif not store.tenants():
+        _default_tenant(store)
+        _, new = store.create_key(DEFAULT_TENANT, "first key")
+        print(f"\nCreated tenant '{DEFAULT_TENANT}' and its first API key (shown once, store it now):\n\n"
+              f"    {new.key}\n\nMore keys: inferd keys create --tenant {DEFAULT_TENANT}\n", flush=True)
+    return store
+
+
+def _default_tenant(store: Store) -> None:
+    if not any(t.name == DEFAULT_TENANT for t in store.tenants()):
+        store.create_tenant(DEFAULT_TENANT)
+
+
+def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name: str | None = None,
+                   tokenizer_source: str | None = None, max_model_len: int | None = None) -> Deployment:
+    """A deployment over replicas that serve the same model; its card comes from the first one."""
+    from inferd.models.loader import load_tokenizer
+    card = describe_upstream(upstreams[0].base_url, upstreams[0].api_key)
+    ours = "source_path" in card
+    source = tokenizer_source or card.get("source_path")
+    if source is None:
+        log.warning("no tokenizer for %s given (--tokenizer); counting tokens with the default model's", card["id"])
+    name = model_name or card["id"]
+    return Deployment(name=name, tokenizer=load_tokenizer(source),
+                      max_model_len=max_model_len or card.get("max_model_len") or 8192, upstreams=upstreams,
+                      queue=AdmissionQueue(config.queue), upstream_model=card["id"], internal_headers=ours,
+                      card={k: v for k, v in card.items() if k in ("max_model_len", "source_path", "digests")})
+
+
+def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, log_level: str) -> None:
+    if config.redis_url:
+        from inferd.gateway.redis_limiter import RedisLimiter
+        limiter = RedisLimiter(config.redis_url)
+    else:
+        limiter = MemoryLimiter()
+    tracer, provider = make_tracer("inferd-gateway", config.otlp_endpoint)
+    gateway = Gateway(config, store, limiter, deployments, tracer, provider)
+    names = ", ".join(deployments.by_name)
+    log.info("inferd ready: model=%s url=http://%s:%d (gateway %s, store %s, limits %s)", names, config.host,
+             config.port, config.gateway_id, store.engine.url.render_as_string(hide_password=True),
+             "redis" if config.redis_url else "in-process")
+    uvicorn.run(build_gateway_app(gateway), host=config.host, port=config.port, log_level=log_level,
+                access_log=False, timeout_graceful_shutdown=5)

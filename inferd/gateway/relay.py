@@ -1,0 +1,128 @@
+"""Forwarding an admitted request to its replica and relaying the answer, counting what it used."""
+import json
+from collections.abc import AsyncGenerator
+
+import httpx
+from opentelemetry import trace
+from opentelemetry.propagate import inject
+from starlette.responses import Response
+
+from inferd.api.errors import ClientClosedRequest, ServiceUnavailable, error_body
+from inferd.api.sse import SSE_DONE, SSEResponse, sse_event
+from inferd.gateway.call import Call
+
+PASSED_HEADERS = ("content-type",)
+
+
+class UpstreamFailed(ServiceUnavailable):
+    code = "upstream_unavailable"
+
+
+def upstream_headers(call: Call) -> dict[str, str]:
+    d, headers = call.deployment, {"content-type": "application/json", "x-request-id": call.request_id}
+    if call.upstream.api_key:
+        headers["authorization"] = f"Bearer {call.upstream.api_key}"
+    if d.internal_headers:
+        headers["x-inferd-cache-namespace"] = call.key.tenant.id
+        headers["x-inferd-priority"] = call.priority_class
+        headers["x-inferd-tenant"] = call.key.tenant.id
+        if (ms := call.remaining_deadline_ms()) is not None:
+            headers["x-inferd-deadline-ms"] = str(ms)
+    inject(headers)
+    return headers
+
+
+async def forward(call: Call, client: httpx.AsyncClient, path: str, body: dict,
+                  usage_mode: str) -> Response:
+    """Send to the least-loaded replica; finishes the call (and its usage record) however it ends."""
+    call.upstream = upstream = call.deployment.pick()
+    upstream.inflight += 1
+    span = call.gateway.tracer.start_span("replica call", context=trace.set_span_in_context(call.span),
+                                          kind=trace.SpanKind.CLIENT, attributes={"server.address": upstream.name})
+    try:
+        with trace.use_span(span, end_on_exit=False):
+            req = client.build_request("POST", f"{upstream.base_url}{path}", json=body, headers=upstream_headers(call))
+        response = await client.send(req, stream=True)
+    except httpx.HTTPError as exc:
+        upstream.inflight -= 1
+        span.end()
+        await call.finish("failed", 503, UpstreamFailed.code)
+        raise UpstreamFailed(f"The replica could not be reached ({type(exc).__name__}); retry the request.") from None
+    except BaseException:
+        upstream.inflight -= 1
+        span.end()
+        await call.finish("cancelled", 499, "client_closed_request")
+        raise
+    if response.status_code != 200 or not body.get("stream"):
+        return await _whole(call, response, span)
+    return SSEResponse(_relay_stream(call, response, span, usage_mode), headers=call.ratelimit_headers())
+
+
+async def _whole(call: Call, response: httpx.Response, span: trace.Span) -> Response:
+    try:
+        content = await response.aread()
+    except BaseException:
+        await call.finish("cancelled", 499, ClientClosedRequest.code)
+        raise
+    finally:
+        await response.aclose()
+        call.upstream.inflight -= 1
+        span.end()
+    ok = response.status_code == 200
+    if ok:
+        call.observe_usage(json.loads(content).get("usage"))
+        call.first_token()
+    await call.finish("completed" if ok else "failed", response.status_code, None if ok else _error_code(content))
+    headers = {k: v for k, v in response.headers.items() if k in PASSED_HEADERS} | call.ratelimit_headers()
+    return Response(content, status_code=response.status_code, headers=headers)
+
+
+async def _relay_stream(call: Call, response: httpx.Response, span: trace.Span,
+                        usage_mode: str) -> AsyncGenerator[bytes, None]:
+    status, http_status, code = "cancelled", 499, ClientClosedRequest.code
+    try:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                status, http_status, code = "completed", 200, None
+                yield SSE_DONE
+                break
+            event = json.loads(line[6:])
+            if "error" in event:
+                status, http_status, code = "failed", 200, (event["error"] or {}).get("code")
+                yield line.encode() + b"\n\n"
+                continue
+            out = _client_chunk(call, event, usage_mode)
+            if out is not None:
+                yield out
+    except httpx.HTTPError as exc:
+        status, http_status, code = "failed", 200, UpstreamFailed.code
+        yield sse_event(error_body(UpstreamFailed(f"The replica failed mid-stream ({type(exc).__name__}).")))
+        yield SSE_DONE
+    finally:
+        await response.aclose()
+        call.upstream.inflight -= 1
+        span.end()
+        await call.finish(status, http_status, code)
+
+
+def _client_chunk(call: Call, event: dict, usage_mode: str) -> bytes | None:
+    """usage_mode is what the client asked for: none, final (include_usage) or continuous."""
+    call.observe_usage(event.get("usage"))
+    if not event.get("choices"):
+        return sse_event(event) if usage_mode != "none" else None
+    call.first_token()
+    if usage_mode == "none":
+        event.pop("usage", None)
+    elif usage_mode == "final":
+        event["usage"] = None
+    return sse_event(event)
+
+
+def _error_code(content: bytes) -> str | None:
+    try:
+        return (json.loads(content).get("error") or {}).get("code")
+    except (ValueError, AttributeError):
+        return None
+

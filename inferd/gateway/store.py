@@ -1,0 +1,237 @@
+"""Tenants, keys and usage records in SQL: an SQLite file by default, PostgreSQL when several gateways share."""
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from inferd.gateway.keys import NewKey, generate_key
+from inferd.gateway.policy import KeyPolicy, Limits, PolicyError, TenantPolicy, check_priority_class
+from inferd.gateway.tables import api_keys, tenants, usage_records
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+TENANT_SETTINGS = ("weight", "priority_class", "default_deadline_ms", "queue_share", "allowed_models",
+                   "budget_usd", "budget_period")
+
+
+class StoreError(ValueError):
+    """A store operation the caller can fix (unknown tenant, duplicate name)."""
+
+
+def default_db_url() -> str:
+    home = Path.home() / ".inferd"
+    return f"sqlite:///{home / 'inferd.db'}"
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+
+
+def _sqlite_pragmas(conn: Any, record: Any) -> None:
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA busy_timeout=10000")
+    conn.execute("PRAGMA foreign_keys=ON")
+
+
+class Store:
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = make_engine(url)
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest migration; data already there is kept."""
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        with self.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # tenants
+
+    def create_tenant(self, name: str, limits: dict | None = None, model_limits: dict | None = None,
+                      **settings: Any) -> TenantPolicy:
+        now = time.time()
+        row = {"id": f"ten_{uuid.uuid4().hex[:16]}", "name": name, "created_unix_s": now, "updated_unix_s": now,
+               "weight": 1.0, "priority_class": "interactive", "queue_share": 0.5, "budget_period": "month",
+               "default_deadline_ms": None, "allowed_models": None, "budget_usd": None,
+               "limits": Limits.from_dict(limits).to_dict(), "model_limits": _model_limits({}, model_limits)}
+        row |= _tenant_settings(settings)
+        policy = tenant_policy(row)
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(tenants).values(**row))
+        except IntegrityError:
+            raise StoreError(f"a tenant named '{name}' already exists") from None
+        return policy
+
+    def update_tenant(self, name: str, limits: dict | None = None, model_limits: dict | None = None,
+                      **settings: Any) -> TenantPolicy:
+        with self.engine.begin() as conn:
+            row = self._tenant_row(conn, name)
+            row["limits"] = Limits.from_dict(row["limits"]).merged(limits or {}).to_dict()
+            row["model_limits"] = _model_limits(row["model_limits"], model_limits)
+            row |= _tenant_settings(settings) | {"updated_unix_s": time.time()}
+            policy = tenant_policy(row)
+            conn.execute(update(tenants).where(tenants.c.id == row["id"]).values(**row))
+        return policy
+
+    def tenant(self, name: str) -> TenantPolicy:
+        with self.engine.connect() as conn:
+            return tenant_policy(self._tenant_row(conn, name))
+
+    def tenants(self) -> list[TenantPolicy]:
+        with self.engine.connect() as conn:
+            return [tenant_policy(dict(r)) for r in conn.execute(select(tenants).order_by(tenants.c.name)).mappings()]
+
+    def _tenant_row(self, conn: Any, name: str) -> dict:
+        row = conn.execute(select(tenants).where(tenants.c.name == name)).mappings().first()
+        if row is None:
+            raise StoreError(f"no tenant named '{name}'")
+        return dict(row)
+
+    # keys
+
+    def create_key(self, tenant_name: str, name: str = "", limits: dict | None = None,
+                   allowed_models: list[str] | None = None, priority_class: str | None = None,
+                   new_key: NewKey | None = None) -> tuple[KeyPolicy, NewKey]:
+        new = new_key or generate_key()
+        if priority_class is not None:
+            check_priority_class(priority_class, "priority_class")
+        row = {"id": f"key_{new.lookup_id}", "name": name, "lookup_id": new.lookup_id, "key_hash": new.key_hash,
+               "limits": Limits.from_dict(limits).to_dict(), "allowed_models": allowed_models,
+               "priority_class": priority_class, "created_unix_s": time.time()}
+        with self.engine.begin() as conn:
+            tenant = self._tenant_row(conn, tenant_name)
+            conn.execute(insert(api_keys).values(**row, tenant_id=tenant["id"]))
+        return key_policy(row, tenant_policy(tenant)), new
+
+    def keys(self, tenant_name: str | None = None) -> list[dict]:
+        """Keys without their hashes, newest first."""
+        query = (select(api_keys.c.id, api_keys.c.name, api_keys.c.lookup_id, tenants.c.name.label("tenant"),
+                        api_keys.c.limits, api_keys.c.allowed_models, api_keys.c.priority_class,
+                        api_keys.c.created_unix_s, api_keys.c.revoked_unix_s)
+                 .join(tenants).order_by(api_keys.c.created_unix_s.desc()))
+        if tenant_name is not None:
+            query = query.where(tenants.c.name == tenant_name)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def revoke_key(self, key_id: str) -> bool:
+        """Revoke by id (key_...) or lookup id; True if a live key was revoked."""
+        lookup = key_id.removeprefix("key_")
+        with self.engine.begin() as conn:
+            done = conn.execute(update(api_keys).where(api_keys.c.lookup_id == lookup,
+                                                       api_keys.c.revoked_unix_s.is_(None))
+                                .values(revoked_unix_s=time.time()))
+        return done.rowcount > 0
+
+    def find_key(self, lookup_id: str) -> tuple[KeyPolicy, str] | None:
+        """The live key with this lookup id and its stored hash."""
+        query = select(api_keys, tenants).join(tenants).where(api_keys.c.lookup_id == lookup_id,
+                                                              api_keys.c.revoked_unix_s.is_(None))
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            return None
+        key = {c.name: row._mapping[c] for c in api_keys.c}
+        tenant = {c.name: row._mapping[c] for c in tenants.c}
+        return key_policy(key, tenant_policy(tenant)), key["key_hash"]
+
+    # usage
+
+    def insert_usage(self, records: list[dict]) -> None:
+        """Insert records; ones already stored (same record_id, e.g. a replayed spill) are skipped."""
+        if not records:
+            return
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(usage_records), records)
+        except IntegrityError:
+            for record in records:
+                try:
+                    with self.engine.begin() as conn:
+                        conn.execute(insert(usage_records).values(**record))
+                except IntegrityError:
+                    pass
+
+    def spent_usd(self, tenant_id: str, since_unix_s: float) -> float:
+        query = select(func.coalesce(func.sum(usage_records.c.cost_usd), 0.0)).where(
+            usage_records.c.tenant_id == tenant_id, usage_records.c.ended_unix_s >= since_unix_s)
+        with self.engine.connect() as conn:
+            return float(conn.execute(query).scalar_one())
+
+    def usage_summary(self, since_unix_s: float, until_unix_s: float, tenant_name: str | None = None,
+                      gateway_id: str | None = None) -> list[dict]:
+        u = usage_records
+        query = (select(func.coalesce(tenants.c.name, u.c.tenant_id).label("tenant"), u.c.model,
+                        func.count().label("requests"),
+                        *(func.sum(_status_is(u, s)).label(s) for s in STATUSES),
+                        func.sum(u.c.prompt_tokens).label("prompt_tokens"),
+                        func.sum(u.c.cached_tokens).label("cached_tokens"),
+                        func.sum(u.c.completion_tokens).label("completion_tokens"),
+                        func.sum(u.c.cost_usd).label("cost_usd"))
+                 .select_from(u.outerjoin(tenants, tenants.c.id == u.c.tenant_id))
+                 .where(u.c.ended_unix_s >= since_unix_s, u.c.ended_unix_s < until_unix_s)
+                 .group_by("tenant", u.c.model).order_by("tenant", u.c.model))
+        if tenant_name is not None:
+            query = query.where(tenants.c.name == tenant_name)
+        if gateway_id is not None:
+            query = query.where(u.c.gateway_id == gateway_id)
+        with self.engine.connect() as conn:
+            return [_numbers(dict(r)) for r in conn.execute(query).mappings()]
+
+
+STATUSES = ("completed", "failed", "cancelled", "rejected", "expired")
+
+
+# rows to policies
+
+def tenant_policy(row: dict) -> TenantPolicy:
+    return TenantPolicy(
+        id=row["id"], name=row["name"], weight=row["weight"], priority_class=row["priority_class"],
+        default_deadline_ms=row["default_deadline_ms"], queue_share=row["queue_share"],
+        limits=Limits.from_dict(row["limits"]),
+        model_limits={m: Limits.from_dict(v, f"model_limits.{m}") for m, v in (row["model_limits"] or {}).items()},
+        allowed_models=tuple(row["allowed_models"]) if row.get("allowed_models") is not None else None,
+        budget_usd=row["budget_usd"], budget_period=row["budget_period"])
+
+
+def key_policy(row: dict, tenant: TenantPolicy) -> KeyPolicy:
+    allowed = row.get("allowed_models")
+    return KeyPolicy(id=row["id"], tenant=tenant, name=row["name"], limits=Limits.from_dict(row["limits"]),
+                     allowed_models=tuple(allowed) if allowed is not None else None,
+                     priority_class=row.get("priority_class"))
+
+
+def _tenant_settings(settings: dict) -> dict:
+    unknown = set(settings) - set(TENANT_SETTINGS)
+    if unknown:
+        raise PolicyError(f"unknown tenant setting(s): {', '.join(sorted(unknown))}")
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+def _model_limits(current: dict, changes: dict | None) -> dict:
+    merged = dict(current or {})
+    for model, limits in (changes or {}).items():
+        merged[model] = Limits.from_dict(merged.get(model)).merged(limits).to_dict()
+    return {m: v for m, v in merged.items() if v}
+
+
+def _status_is(u: Any, status: str) -> Any:
+    return func.coalesce(func.cast(u.c.status == status, u.c.prompt_tokens.type), 0)
+
+
+def _numbers(row: dict) -> dict:
+    return {k: (v if v is not None or k in ("tenant", "model") else 0) for k, v in row.items()}

@@ -1,0 +1,66 @@
+"""The gateway's SQL schema (SQLAlchemy Core). Change it only together with a migration in migrations/versions."""
+from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table,
+                        UniqueConstraint)
+
+metadata = MetaData()
+BigId = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrements only INTEGER PRIMARY KEY
+
+tenants = Table(
+    "tenants", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("weight", Float, nullable=False, default=1.0),
+    Column("priority_class", String(32), nullable=False, default="interactive"),
+    Column("default_deadline_ms", Integer),
+    Column("queue_share", Float, nullable=False, default=0.5),
+    Column("limits", JSON, nullable=False, default=dict),
+    Column("model_limits", JSON, nullable=False, default=dict),
+    Column("allowed_models", JSON),
+    Column("budget_usd", Float),
+    Column("budget_period", String(8), nullable=False, default="month"),
+    Column("created_unix_s", Float, nullable=False),
+    Column("updated_unix_s", Float, nullable=False),
+)
+
+api_keys = Table(
+    "api_keys", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("tenant_id", String(40), ForeignKey("tenants.id"), nullable=False, index=True),
+    Column("name", String(128), nullable=False, default=""),
+    Column("lookup_id", String(16), nullable=False, unique=True),
+    Column("key_hash", String(64), nullable=False),
+    Column("limits", JSON, nullable=False, default=dict),
+    Column("allowed_models", JSON),
+    Column("priority_class", String(32)),
+    Column("created_unix_s", Float, nullable=False),
+    Column("revoked_unix_s", Float),
+)
+
+usage_records = Table(
+    "usage_records", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("record_id", String(32), nullable=False),
+    Column("request_id", String(160), nullable=False, index=True),
+    Column("attempt", Integer, nullable=False, default=1),
+    Column("tenant_id", String(40)),
+    Column("key_id", String(40)),
+    Column("model", String(256), nullable=False),
+    Column("deployment_version", String(128)),
+    Column("replica", String(256)),
+    Column("priority_class", String(32)),
+    Column("status", String(16), nullable=False),
+    Column("http_status", Integer, nullable=False),
+    Column("error_code", String(64)),
+    Column("prompt_tokens", Integer, nullable=False, default=0),
+    Column("cached_tokens", Integer, nullable=False, default=0),
+    Column("completion_tokens", Integer, nullable=False, default=0),
+    Column("queue_s", Float),
+    Column("ttft_s", Float),
+    Column("e2e_s", Float, nullable=False),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("started_unix_s", Float, nullable=False),
+    Column("ended_unix_s", Float, nullable=False),
+    Column("gateway_id", String(64), nullable=False),
+    UniqueConstraint("record_id", name="uq_usage_records_record_id"),
+    Index("ix_usage_records_tenant_ended", "tenant_id", "ended_unix_s"),
+)

@@ -1,0 +1,85 @@
+"""The gateway's Prometheus metrics: admissions, rejections, queues, tokens and cost (bounded labels)."""
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from inferd.telemetry.metrics import LATENCY_BUCKETS_S
+
+OTHER = "other"
+
+
+class LabelBudget:
+    """At most `limit` distinct values of a label; later ones are reported as 'other'."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) < self.limit:
+            self._seen.add(value)
+            return value
+        return OTHER
+
+
+class GatewayMetrics:
+    def __init__(self, tenant_label_limit: int = 100):
+        r = self.registry = CollectorRegistry()
+        self.tenant_label = LabelBudget(tenant_label_limit)
+        self.requests = Counter("inferd_gateway_requests_total", "Requests ended, by status.",
+                                ["model", "status"], registry=r)
+        self.rejections = Counter("inferd_gateway_rejections_total", "Requests refused, by reason.",
+                                  ["reason"], registry=r)
+        self.admissions = Counter("inferd_gateway_admissions_total", "Requests admitted to a replica.",
+                                  ["model", "priority_class"], registry=r)
+        self.queue_s = Histogram("inferd_gateway_queue_time_seconds", "Time waiting for admission.",
+                                 ["priority_class"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.ttft_s = Histogram("inferd_gateway_time_to_first_token_seconds", "Arrival to first token, as "
+                                "clients see it.", ["model"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.tokens = Counter("inferd_gateway_tokens_total", "Billed tokens.", ["tenant", "model", "kind"],
+                              registry=r)
+        self.cost = Counter("inferd_gateway_cost_usd_total", "Billed cost in USD.", ["tenant", "model"], registry=r)
+
+    def admitted(self, model: str, priority_class: str, queue_s: float) -> None:
+        self.admissions.labels(model, priority_class).inc()
+        self.queue_s.labels(priority_class).observe(queue_s)
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.labels(reason).inc()
+
+    def ended(self, tenant_id: str, model: str, status: str, prompt: int, cached: int, completion: int,
+              cost_usd: float, ttft_s: float | None) -> None:
+        tenant = self.tenant_label(tenant_id)
+        self.requests.labels(model, status).inc()
+        for kind, n in (("prompt", prompt - cached), ("cached_prompt", cached), ("completion", completion)):
+            if n:
+                self.tokens.labels(tenant, model, kind).inc(n)
+        if cost_usd:
+            self.cost.labels(tenant, model).inc(cost_usd)
+        if ttft_s is not None:
+            self.ttft_s.labels(model).observe(ttft_s)
+
+    def watch(self, collect: Callable[[], Iterator[Metric]]) -> None:
+        self.registry.register(_Collector(collect))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Collector:
+    def __init__(self, collect: Callable[[], Iterator[Metric]]):
+        self.collect = collect
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
+def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)

@@ -1,0 +1,93 @@
+import asyncio
+import time
+
+import pytest
+
+from inferd.gateway.admission import AdmissionQueue, DeadlineExceeded, QueueConfig, QueueRejected, Ticket
+
+
+def ticket(tenant: str, tokens: int = 10, cls: str = "interactive", weight: float = 1.0, share: float = 1.0,
+           deadline_s: float | None = None) -> Ticket:
+    return Ticket(tenant, cls, tokens, weight, share, deadline_s)
+
+
+async def admit_all(q: AdmissionQueue, tickets: list[Ticket]) -> list[asyncio.Task]:
+    tasks = [asyncio.create_task(q.admit(t)) for t in tickets]
+    await asyncio.sleep(0)
+    return tasks
+
+
+async def order_of(q: AdmissionQueue, tasks: list[asyncio.Task], names: list[str]) -> list[str]:
+    order = []
+    while len(order) < len(tasks):
+        await asyncio.sleep(0)
+        done = [n for t, n in zip(tasks, names) if t.done() and n not in order]
+        order += done
+        if done:
+            for _ in done:
+                q.release(0.01)
+    return order
+
+
+async def test_a_flooding_tenant_waits_behind_its_own_requests():
+    q = AdmissionQueue(QueueConfig(max_inflight=1))
+    running = await admit_all(q, [ticket("x")])
+    names = [f"a{i}" for i in range(6)] + ["b0", "b1"]
+    tasks = await admit_all(q, [ticket(n[0]) for n in names])
+    q.release(0.01)
+    order = await order_of(q, tasks, names)
+    assert running[0].done()
+    assert order.index("b0") <= 1 and order.index("b1") <= 3  # b interleaves with a's burst
+
+
+async def test_weights_share_dispatch():
+    q = AdmissionQueue(QueueConfig(max_inflight=1))
+    await admit_all(q, [ticket("x")])
+    names = [f"a{i}" for i in range(6)] + [f"b{i}" for i in range(6)]
+    tasks = await admit_all(q, [ticket(n[0], weight=2.0 if n[0] == "a" else 1.0) for n in names])
+    q.release(0.01)
+    first_six = (await order_of(q, tasks, names))[:6]
+    assert sum(n.startswith("a") for n in first_six) == 4
+
+
+async def test_interactive_before_batch():
+    q = AdmissionQueue(QueueConfig(max_inflight=1))
+    await admit_all(q, [ticket("x")])
+    names = ["batch1", "batch2", "inter1"]
+    tasks = await admit_all(q, [ticket("a", cls="batch"), ticket("a", cls="batch"), ticket("b")])
+    q.release(0.01)
+    assert (await order_of(q, tasks, names))[0] == "inter1"
+
+
+async def test_bounds_reject_at_once():
+    q = AdmissionQueue(QueueConfig(max_inflight=1, max_queue_len=4, max_queued_tokens=100))
+    await admit_all(q, [ticket("x")])
+    await admit_all(q, [ticket("a", share=0.5), ticket("a", share=0.5)])
+    with pytest.raises(QueueRejected) as e:
+        await q.admit(ticket("a", share=0.5))
+    assert e.value.reason == "tenant_queue_share" and e.value.retry_after_s >= 1
+    await admit_all(q, [ticket("b", tokens=70)])
+    with pytest.raises(QueueRejected, match="queued_tokens"):
+        await q.admit(ticket("c", tokens=20))
+    await admit_all(q, [ticket("c")])
+    with pytest.raises(QueueRejected, match="queue_full"):
+        await q.admit(ticket("d"))
+
+
+async def test_deadline_drops_waiting_work_and_frees_its_place():
+    q = AdmissionQueue(QueueConfig(max_inflight=1))
+    await admit_all(q, [ticket("x")])
+    with pytest.raises(DeadlineExceeded):
+        await q.admit(ticket("a", deadline_s=time.monotonic() + 0.05))
+    assert q.stats()["interactive"].length == 0 and q.inflight == 1
+
+
+async def test_cancelled_waiter_leaves_no_trace_and_admitted_one_releases():
+    q = AdmissionQueue(QueueConfig(max_inflight=1))
+    [first] = await admit_all(q, [ticket("x")])
+    [waiting] = await admit_all(q, [ticket("a")])
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert q.stats()["interactive"].length == 0
+    q.release(0.01)
+    assert q.inflight == 0 and first.done()
