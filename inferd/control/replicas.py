@@ -1,4 +1,5 @@
 """Local replica processes: start `inferd replica`, wait for readiness (a real inference), stop."""
+import ctypes
 import logging
 import os
 import secrets
@@ -12,6 +13,14 @@ from dataclasses import dataclass, field
 import httpx
 
 log = logging.getLogger(__name__)
+
+
+def _die_with_parent() -> None:
+    """Linux: the replica gets SIGTERM if `inferd serve` dies without stopping it (no orphan engines)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -36,7 +45,7 @@ class ReplicaProcess:
     def start(self) -> None:
         cmd = [sys.executable, "-m", "inferd.cli", "replica", *self.args, "--host", self.host, "--port", str(self.port)]
         env = os.environ | {"INFERD_API_KEY": self.api_key}
-        self.proc = subprocess.Popen(cmd, env=env)
+        self.proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
         log.info("started replica pid %d on %s", self.proc.pid, self.url)
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:

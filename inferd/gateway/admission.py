@@ -165,7 +165,8 @@ class AdmissionQueue:
     def _prune_finish_times(self, cls: str) -> None:
         """Tenants with nothing queued and a finish time in the past need no memory."""
         v = self._virtual_time[cls]
-        for key in [k for k, f in self._last_finish.items() if k[0] == cls and f <= v and k[1] not in self._queues[cls]]:
+        idle = [k for k, f in self._last_finish.items() if k[0] == cls and f <= v and k[1] not in self._queues[cls]]
+        for key in idle:
             del self._last_finish[key]
 
     def _retry_after_s(self) -> float:

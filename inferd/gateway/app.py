@@ -76,7 +76,8 @@ class Gateway:
             start, end = budget_period(tenant.budget_period, time.time())
             spent = self._spent.get((tenant.id, start))
             if spent is None:  # what the store already holds for this period, read once per period
-                spent = self._spent[(tenant.id, start)] = await asyncio.to_thread(self.store.spent_usd, tenant.id, start)
+                spent = await asyncio.to_thread(self.store.spent_usd, tenant.id, start)
+                self._spent[(tenant.id, start)] = spent
             out.append(Charge(f"{tenant.id}:budget:{int(start)}", "budget", "budget", "tenant", tenant.budget_usd,
                               plan.cost_usd, end, spent))
         return out
@@ -94,10 +95,10 @@ class Gateway:
             "cost_usd": record.cost_usd, "replica": record.replica})
 
     def _collect(self) -> Iterator:
-        length = gauge("inferd_gateway_queue_length", "Requests waiting for admission.", ["model", "priority_class"])
-        age = gauge("inferd_gateway_queue_oldest_age_seconds", "Age of the oldest waiting request.",
-                    ["model", "priority_class"])
-        tokens = gauge("inferd_gateway_queued_tokens", "Reserved tokens of waiting requests.", ["model", "priority_class"])
+        labels = ["model", "priority_class"]
+        length = gauge("inferd_gateway_queue_length", "Requests waiting for admission.", labels)
+        age = gauge("inferd_gateway_queue_oldest_age_seconds", "Age of the oldest waiting request.", labels)
+        tokens = gauge("inferd_gateway_queued_tokens", "Reserved tokens of waiting requests.", labels)
         inflight = gauge("inferd_gateway_inflight_requests", "Requests running on replicas.", ["model"])
         for name, d in self.deployments.by_name.items():
             for cls, s in d.queue.stats().items():
@@ -153,7 +154,8 @@ class GatewayRoutes:
                         operation: str) -> Response:
         gw, state = self.gw, request.state
         span = gw.tracer.start_span(operation, kind=trace.SpanKind.SERVER, attributes={
-            "gen_ai.operation.name": operation, "gen_ai.provider.name": "inferd", "inferd.request_id": state.request_id})
+            "gen_ai.operation.name": operation, "gen_ai.provider.name": "inferd",
+            "inferd.request_id": state.request_id})
         key = None
         try:
             with gw.tracer.start_as_current_span("auth", context=trace.set_span_in_context(span)):
@@ -198,7 +200,8 @@ class GatewayRoutes:
         self.gw.metrics.rejected(code or "error")
         if key is not None:
             self.gw.record(UsageRecord(
-                request_id=state.request_id, model=UNKNOWN_MODEL, status="rejected", http_status=err.status if err else 499,
+                request_id=state.request_id, model=UNKNOWN_MODEL, status="rejected",
+                http_status=err.status if err else 499,
                 started_unix_s=time.time(), e2e_s=time.monotonic() - state.arrival_s,
                 gateway_id=self.gw.config.gateway_id, tenant_id=key.tenant.id, key_id=key.id, error_code=code))
 

@@ -9,7 +9,7 @@ from opentelemetry import trace
 from inferd.api.errors import (APIError, DeadlineExceeded, InvalidRequest, Overloaded, RateLimitExceeded)
 from inferd.gateway import admission
 from inferd.gateway.deployments import Deployment, Upstream
-from inferd.gateway.limits import BucketState, Charge, RateLimited, Reservation, ratelimit_headers, retry_after_header
+from inferd.gateway.limits import Charge, RateLimited, Reservation, ratelimit_headers, retry_after_header
 from inferd.gateway.policy import KeyPolicy, Limits
 from inferd.gateway.usage import UsageRecord
 
@@ -231,6 +231,3 @@ def _queue_rejected(exc: admission.QueueRejected) -> APIError:
                                  code="tenant_queue_share", headers=headers)
     return Overloaded("The model's queue is full; retry later.", code=exc.reason, headers=headers)
 
-
-def states_remaining(states: list[BucketState]) -> dict[str, float]:
-    return {s.charge.key: s.remaining for s in states}

@@ -66,7 +66,8 @@ def test_keys_from_the_cli_and_revocation_within_a_second(server, url):
     name = unique("rev")
     key = new_tenant_key(server[1], name)
     assert chat(url, key).status_code == 200
-    key_id = json.loads(inferd("keys", "list", "--tenant", name, "--db", db_url(server[1]), "--format", "json"))[0]["id"]
+    listed = inferd("keys", "list", "--tenant", name, "--db", db_url(server[1]), "--format", "json")
+    key_id = json.loads(listed)[0]["id"]
     assert key not in inferd("keys", "list", "--db", db_url(server[1]))  # listed, never shown again
     inferd("keys", "revoke", key_id, "--db", db_url(server[1]))
     revoked_at = time.monotonic()
