@@ -212,11 +212,11 @@ def plan_request(d: Deployment, key: KeyPolicy, body: SamplingRequest, raw: dict
     """Count the prompt in the model's tokens, apply per-request limits, and bound what it may cost."""
     if isinstance(body, ChatCompletionRequest):
         text = d.tokenizer.apply_chat_template(body.template_messages(), add_generation_prompt=True)
-        lens, param = [len(d.tokenizer.encode(text, add_special_tokens=False))], "messages"
+        ids, param = [d.tokenizer.encode(text, add_special_tokens=False)], "messages"
     else:
-        lens = [len(d.tokenizer.encode(p, add_special_tokens=True)) if isinstance(p, str) else len(p)
-                for p in body.prompts()]
+        ids = [d.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else p for p in body.prompts()]
         param = "prompt"
+    lens = [len(i) for i in ids]
     if min(lens) == 0:
         raise InvalidRequest("the prompt is empty", param="prompt")
     requested = body.requested_max_tokens()
@@ -230,7 +230,7 @@ def plan_request(d: Deployment, key: KeyPolicy, body: SamplingRequest, raw: dict
     if body.stream:
         upstream["stream_options"] = {"include_usage": True, "continuous_usage_stats": d.internal_headers}
     outputs = len(lens) * body.num_choices
-    plan = Plan(sum(lens), per_output, outputs, price.cost_usd(sum(lens), 0, per_output * outputs))
+    plan = Plan(sum(lens), per_output, outputs, price.cost_usd(sum(lens), 0, per_output * outputs), ids[0])
     return plan, upstream
 
 

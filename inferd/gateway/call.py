@@ -26,6 +26,7 @@ class Plan:
     max_output_tokens: int  # per choice
     num_outputs: int  # prompts × n
     cost_usd: float = 0.0
+    prompt_ids: list[int] = field(default_factory=list)  # the (first) prompt's tokens, for the router
 
     @property
     def reserved_tokens(self) -> int:

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 from inferd.gateway.policy import BUDGET_PERIODS, PRIORITY_CLASSES, PolicyError
 from inferd.gateway.store import Store, StoreError, default_db_url
+from inferd.router.router import POLICIES
 
 LIMIT_FLAGS = {"rpm": "requests per minute", "tpm": "tokens per minute (input + output)",
                "max_concurrency": "concurrent requests", "max_input_tokens": "input tokens per request",
@@ -35,6 +36,10 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue-len", type=int, default=None, help="waiting requests per deployment (default 256)")
     p.add_argument("--max-queued-tokens", type=int, default=None, help="reserved tokens waiting per deployment")
     p.add_argument("--spill-path", default=None, help="usage records go here while the store is down")
+    p.add_argument("--router", choices=POLICIES, default="prefix",
+                   help="replica choice: prefix-cache affinity against load (default), least_loaded, round_robin")
+    p.add_argument("--router-affinity-weight", type=float, default=1.0)
+    p.add_argument("--router-load-weight", type=float, default=1.0)
     p.add_argument("--otlp-endpoint", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
                    help="export traces over OTLP/HTTP to this base URL (default: off)")
     p.add_argument("--log-format", choices=["json", "text"], default="json")

@@ -8,6 +8,7 @@ import yaml
 
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.policy import PolicyError
+from inferd.router.router import RouterConfig
 
 
 @dataclass(slots=True, frozen=True)
@@ -33,6 +34,7 @@ class GatewayConfig:
     gateway_id: str = field(default_factory=lambda: f"gw_{uuid.uuid4().hex[:12]}")
     prices: dict[str, ModelPrice] = field(default_factory=dict)
     queue: QueueConfig = field(default_factory=QueueConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
     key_cache_ttl_s: float = 0.5  # a revoked key stops working within this (+ one store read)
     spill_path: Path = Path.home() / ".inferd" / "usage-spill.jsonl"
     max_body_bytes: int = 16 * 2**20

@@ -1,6 +1,6 @@
 """What the gateway serves: deployments (one per model name) and the replicas behind each.
 
-Replica choice here is least-in-flight; the router (issue: control plane) replaces it.
+Which replica serves a request is the router's choice (inferd.router).
 """
 import logging
 import time
@@ -10,6 +10,7 @@ from typing import Protocol
 import httpx
 
 from inferd.gateway.admission import AdmissionQueue
+from inferd.router.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ class Upstream:
     api_key: str | None = None
     name: str = ""
     inflight: int = 0
+    inflight_tokens: int = 0  # reserved tokens of the requests running there
     healthy: bool = True
 
     def __post_init__(self):
@@ -44,14 +46,14 @@ class Deployment:
     upstream_model: str | None = None  # the model id the upstream expects, if not `name`
     internal_headers: bool = True  # send x-inferd-* (ours) or not (external servers)
     card: dict = field(default_factory=dict)  # what GET /v1/models shows
+    router: Router = field(default_factory=Router)
 
     def __post_init__(self):
         self.card = {"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "inferd",
                      "max_model_len": self.max_model_len} | {k: v for k, v in self.card.items() if k != "id"}
 
-    def pick(self) -> Upstream:
-        healthy = [u for u in self.upstreams if u.healthy] or self.upstreams
-        return min(healthy, key=lambda u: u.inflight)
+    def pick(self, prompt_ids: list[int], namespace: str) -> Upstream:
+        return self.router.pick(self.upstreams, prompt_ids, namespace)
 
 
 @dataclass(slots=True)

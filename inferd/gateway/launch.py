@@ -12,6 +12,7 @@ from inferd.gateway.deployments import Deployment, Deployments, Upstream, descri
 from inferd.gateway.keys import imported_key, lookup_id_of
 from inferd.gateway.limits import MemoryLimiter
 from inferd.gateway.store import Store
+from inferd.router.router import Router, RouterConfig
 from inferd.telemetry.tracing import make_tracer
 
 log = logging.getLogger("inferd")
@@ -28,7 +29,8 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
                             "max_queued_tokens": queue.max_queued_tokens} | overrides))
     config = GatewayConfig(host=args.host, port=args.port, db_url=args.db, redis_url=args.redis_url,
                            admin_key=args.admin_key, prices=settings.get("prices", {}), queue=queue,
-                           otlp_endpoint=args.otlp_endpoint, log_format=args.log_format)
+                           otlp_endpoint=args.otlp_endpoint, log_format=args.log_format,
+                           router=RouterConfig(args.router, args.router_affinity_weight, args.router_load_weight))
     if args.spill_path:
         config.spill_path = Path(args.spill_path)
     return config
@@ -68,6 +70,7 @@ def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name:
     return Deployment(name=name, tokenizer=load_tokenizer(source),
                       max_model_len=max_model_len or card.get("max_model_len") or 8192, upstreams=upstreams,
                       queue=AdmissionQueue(config.queue), upstream_model=card["id"], internal_headers=ours,
+                      router=Router(config.router),
                       card={k: v for k, v in card.items() if k in ("max_model_len", "source_path", "digests")})
 
 

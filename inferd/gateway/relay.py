@@ -35,8 +35,9 @@ def upstream_headers(call: Call) -> dict[str, str]:
 async def forward(call: Call, client: httpx.AsyncClient, path: str, body: dict,
                   usage_mode: str) -> Response:
     """Send to the least-loaded replica; finishes the call (and its usage record) however it ends."""
-    call.upstream = upstream = call.deployment.pick()
+    call.upstream = upstream = call.deployment.pick(call.plan.prompt_ids, call.key.tenant.id)
     upstream.inflight += 1
+    upstream.inflight_tokens += call.plan.reserved_tokens
     span = call.gateway.tracer.start_span("replica call", context=trace.set_span_in_context(call.span),
                                           kind=trace.SpanKind.CLIENT, attributes={"server.address": upstream.name})
     try:
@@ -44,12 +45,12 @@ async def forward(call: Call, client: httpx.AsyncClient, path: str, body: dict,
             req = client.build_request("POST", f"{upstream.base_url}{path}", json=body, headers=upstream_headers(call))
         response = await client.send(req, stream=True)
     except httpx.HTTPError as exc:
-        upstream.inflight -= 1
+        _leave(call)
         span.end()
         await call.finish("failed", 503, UpstreamFailed.code)
         raise UpstreamFailed(f"The replica could not be reached ({type(exc).__name__}); retry the request.") from None
     except BaseException:
-        upstream.inflight -= 1
+        _leave(call)
         span.end()
         await call.finish("cancelled", 499, "client_closed_request")
         raise
@@ -66,7 +67,7 @@ async def _whole(call: Call, response: httpx.Response, span: trace.Span) -> Resp
         raise
     finally:
         await response.aclose()
-        call.upstream.inflight -= 1
+        _leave(call)
         span.end()
     ok = response.status_code == 200
     if ok:
@@ -102,7 +103,7 @@ async def _relay_stream(call: Call, response: httpx.Response, span: trace.Span,
         yield SSE_DONE
     finally:
         await response.aclose()
-        call.upstream.inflight -= 1
+        _leave(call)
         span.end()
         await call.finish(status, http_status, code)
 
@@ -118,6 +119,11 @@ def _client_chunk(call: Call, event: dict, usage_mode: str) -> bytes | None:
     elif usage_mode == "final":
         event["usage"] = None
     return sse_event(event)
+
+
+def _leave(call: Call) -> None:
+    call.upstream.inflight -= 1
+    call.upstream.inflight_tokens -= call.plan.reserved_tokens
 
 
 def _error_code(content: bytes) -> str | None:
