@@ -12,7 +12,7 @@ log = logging.getLogger("inferd")
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 DEFAULTS = EngineConfig()
 ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "num_kv_blocks", "max_model_len",
-                "num_threads", "served_model_name")
+                "num_threads", "served_model_name", "quantization")
 
 
 # parser
@@ -22,6 +22,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
                    help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: the model's)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    p.add_argument("--quantization", choices=["none", "int8"], default=DEFAULTS.quantization,
+                   help="int8: weight-only int8 linears, per output channel (default: %(default)s)")
     p.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULTS.max_num_batched_tokens)
     p.add_argument("--kv-cache-gib", type=float, default=DEFAULTS.kv_cache_gib)
@@ -69,7 +71,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         return EngineConfig(dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gib=args.kv_cache_gib,
                             num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
-                            num_threads=args.num_threads, enable_prefix_caching=args.enable_prefix_caching)
+                            num_threads=args.num_threads, enable_prefix_caching=args.enable_prefix_caching,
+                            quantization=args.quantization)
     except ValueError as exc:
         raise SystemExit(f"inferd {args.command}: error: {exc}")
 
@@ -110,7 +113,7 @@ def _replica(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """The gateway on --port, in front of --replicas local `inferd replica` processes."""
-    from inferd.control.replicas import ReplicaProcess
+    from inferd.control.replicas import ReplicaProcess, Supervisor
     from inferd.gateway.deployments import Deployments, Upstream
     from inferd.gateway.launch import deployment_for, gateway_config, open_store, run_gateway
 
@@ -118,11 +121,13 @@ def _serve(args: argparse.Namespace) -> int:
     config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
     store = open_store(config, args.api_key)
     replicas = [ReplicaProcess(_replica_args(args)) for _ in range(args.replicas)]
+    supervisor = Supervisor(replicas)
     try:
         for r in replicas:
             r.start()
         for r in replicas:
             r.wait_ready()
+        supervisor.start()
         upstreams = [Upstream(r.url, r.api_key, name=f"replica-{i}") for i, r in enumerate(replicas)]
         deployments = Deployments()
         deployments.add(deployment_for(upstreams, config))
@@ -131,8 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     finally:
-        for r in replicas:
-            r.stop()
+        supervisor.stop()
     return 0
 
 

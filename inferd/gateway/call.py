@@ -110,6 +110,12 @@ class Call:
             self.ttft_s = time.monotonic() - self.arrival_s
             self.span.add_event("first_token")
 
+    def retry(self, error_code: str) -> None:
+        """This attempt never reached a replica: record it (not billed) and go on as the next attempt."""
+        self.gateway.record(self._record("failed", 503, error_code, 0.0))
+        self.attempt += 1
+        self.upstream = None
+
     # after it
 
     async def finish(self, status: str, http_status: int, error_code: str | None = None) -> None:

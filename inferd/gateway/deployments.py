@@ -52,8 +52,9 @@ class Deployment:
         self.card = {"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "inferd",
                      "max_model_len": self.max_model_len} | {k: v for k, v in self.card.items() if k != "id"}
 
-    def pick(self, prompt_ids: list[int], namespace: str) -> Upstream:
-        return self.router.pick(self.upstreams, prompt_ids, namespace)
+    def pick(self, prompt_ids: list[int], namespace: str, exclude: list[Upstream] = ()) -> Upstream:
+        return self.router.pick([u for u in self.upstreams if u not in exclude] or self.upstreams,
+                                prompt_ids, namespace)
 
 
 @dataclass(slots=True)

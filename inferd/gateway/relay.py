@@ -10,8 +10,10 @@ from starlette.responses import Response
 from inferd.api.errors import ClientClosedRequest, ServiceUnavailable, error_body
 from inferd.api.sse import SSE_DONE, SSEResponse, sse_event
 from inferd.gateway.call import Call
+from inferd.gateway.deployments import Upstream
 
 PASSED_HEADERS = ("content-type",)
+MAX_ATTEMPTS = 2  # a request no replica received is tried on at most this many
 
 
 class UpstreamFailed(ServiceUnavailable):
@@ -34,8 +36,23 @@ def upstream_headers(call: Call) -> dict[str, str]:
 
 async def forward(call: Call, client: httpx.AsyncClient, path: str, body: dict,
                   usage_mode: str) -> Response:
-    """Send to the least-loaded replica; finishes the call (and its usage record) however it ends."""
-    call.upstream = upstream = call.deployment.pick(call.plan.prompt_ids, call.key.tenant.id)
+    """Send to the router's replica; finishes the call (and its usage record) however it ends.
+
+    A request that never reached its replica (connection refused or timed out) is retried once on
+    another one: the failed attempt gets its own record, linked by the request id.
+    """
+    tried: list[Upstream] = []
+    while (sent := await _send(call, client, path, body, tried)) is None:
+        pass
+    response, span = sent
+    if response.status_code != 200 or not body.get("stream"):
+        return await _whole(call, response, span)
+    return SSEResponse(_relay_stream(call, response, span, usage_mode), headers=call.ratelimit_headers())
+
+
+async def _send(call: Call, client: httpx.AsyncClient, path: str, body: dict,
+                tried: list[Upstream]) -> tuple[httpx.Response, trace.Span] | None:
+    call.upstream = upstream = call.deployment.pick(call.plan.prompt_ids, call.key.tenant.id, exclude=tried)
     upstream.inflight += 1
     upstream.inflight_tokens += call.plan.reserved_tokens
     span = call.gateway.tracer.start_span("replica call", context=trace.set_span_in_context(call.span),
@@ -43,32 +60,38 @@ async def forward(call: Call, client: httpx.AsyncClient, path: str, body: dict,
     try:
         with trace.use_span(span, end_on_exit=False):
             req = client.build_request("POST", f"{upstream.base_url}{path}", json=body, headers=upstream_headers(call))
-        response = await client.send(req, stream=True)
-    except httpx.HTTPError as exc:
-        _leave(call)
-        span.end()
+        return await client.send(req, stream=True), span
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        _leave(call, span)
+        upstream.healthy = False  # out of routing until its /ready answers again
+        tried.append(upstream)
+        if len(tried) < MAX_ATTEMPTS and any(u.healthy and u not in tried for u in call.deployment.upstreams):
+            call.retry(UpstreamFailed.code)
+            return None
         await call.finish("failed", 503, UpstreamFailed.code)
-        raise UpstreamFailed(f"The replica could not be reached ({type(exc).__name__}); retry the request.") from None
+        raise UpstreamFailed(f"No replica could be reached ({type(exc).__name__}); retry the request.") from None
+    except httpx.HTTPError as exc:
+        _leave(call, span)
+        await call.finish("failed", 503, UpstreamFailed.code)
+        raise UpstreamFailed(f"The replica failed ({type(exc).__name__}); retry the request.") from None
     except BaseException:
-        _leave(call)
-        span.end()
+        _leave(call, span)
         await call.finish("cancelled", 499, "client_closed_request")
         raise
-    if response.status_code != 200 or not body.get("stream"):
-        return await _whole(call, response, span)
-    return SSEResponse(_relay_stream(call, response, span, usage_mode), headers=call.ratelimit_headers())
 
 
 async def _whole(call: Call, response: httpx.Response, span: trace.Span) -> Response:
     try:
         content = await response.aread()
+    except httpx.HTTPError as exc:
+        await call.finish("failed", 503, UpstreamFailed.code)
+        raise UpstreamFailed(f"The replica failed before it answered ({type(exc).__name__}).") from None
     except BaseException:
         await call.finish("cancelled", 499, ClientClosedRequest.code)
         raise
     finally:
         await response.aclose()
-        _leave(call)
-        span.end()
+        _leave(call, span)
     ok = response.status_code == 200
     if ok:
         call.observe_usage(json.loads(content).get("usage"))
@@ -103,8 +126,7 @@ async def _relay_stream(call: Call, response: httpx.Response, span: trace.Span,
         yield SSE_DONE
     finally:
         await response.aclose()
-        _leave(call)
-        span.end()
+        _leave(call, span)
         await call.finish(status, http_status, code)
 
 
@@ -121,9 +143,10 @@ def _client_chunk(call: Call, event: dict, usage_mode: str) -> bytes | None:
     return sse_event(event)
 
 
-def _leave(call: Call) -> None:
+def _leave(call: Call, span: trace.Span) -> None:
     call.upstream.inflight -= 1
     call.upstream.inflight_tokens -= call.plan.reserved_tokens
+    span.end()
 
 
 def _error_code(content: bytes) -> str | None:
