@@ -1,0 +1,61 @@
+"""Speculative decoding by prompt lookup: draft tokens copied from earlier in the sequence, verified by the model.
+
+A decoding sequence whose last tokens (an n-gram) occurred before proposes the k tokens that followed
+them. The model computes the last token and the k drafts in one forward; draft i is kept when the
+model agrees with it, by the rule that leaves the output distribution unchanged (Leviathan et al.
+2023): with a greedy request, when it is the argmax; with a sampled one, with probability p(draft)
+(the draft is a point mass, q = 1), and on the first rejection the token is drawn from p with the
+draft removed. One more token (the "bonus") always comes from the model, so a step yields 1 to k + 1.
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class SpecConfig:
+    num_draft_tokens: int = 0  # k; 0 turns speculation off
+    ngram_max: int = 3
+    ngram_min: int = 1
+
+    def __post_init__(self):
+        if self.num_draft_tokens < 0 or not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("num_draft_tokens must be >= 0 and 1 <= ngram_min <= ngram_max")
+
+
+def propose(tokens: list[int], k: int, ngram_max: int, ngram_min: int, search_window: int = 4096) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the sequence's last n-gram (longest n first)."""
+    window = tokens[-search_window:]
+    for n in range(min(ngram_max, len(window) - 1), ngram_min - 1, -1):
+        suffix = window[-n:]
+        for start in range(len(window) - n - 1, -1, -1):
+            if window[start:start + n] == suffix:
+                return window[start + n:start + n + k]
+    return []
+
+
+def accept_greedy(logits: torch.Tensor, draft: list[int]) -> list[int]:
+    """logits: (k + 1, vocab) for the positions of the last token and each draft. Returns the kept tokens."""
+    best = logits.argmax(dim=-1).tolist()
+    kept = 0
+    while kept < len(draft) and best[kept] == draft[kept]:
+        kept += 1
+    return draft[:kept] + [best[kept]]
+
+
+def accept_sampled(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None) -> list[int]:
+    """probs: (k + 1, vocab), the request's sampling distribution at each position (temperature, top-k/p)."""
+    uniforms = torch.rand(len(draft), generator=generator).tolist()
+    for i, token in enumerate(draft):
+        if uniforms[i] < probs[i, token].item():
+            continue
+        residual = probs[i].clone()
+        residual[token] = 0.0
+        return draft[:i] + [_draw(residual, generator)]
+    return draft + [_draw(probs[len(draft)], generator)]
+
+
+def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
+    if weights.sum() <= 0:
+        return int(weights.argmax())
+    return int(torch.multinomial(weights, 1, generator=generator))
