@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     _engine_flags(serve)
     _listen_flags(serve, "register this key (hashed) for tenant 'default' ($INFERD_API_KEY)")
     serve.add_argument("--replicas", type=int, default=1, help="local replica processes (default 1)")
+    serve.add_argument("--config", default=None, help="a deployment spec (YAML): its deployments replace MODEL and "
+                       "the engine flags")
     gateway_cli.add_gateway_flags(serve)
     replica = commands.add_parser("replica", help="one replica: the engine behind the OpenAI API, no tenants")
     _engine_flags(replica)
@@ -61,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--max-model-len", type=int, default=None)
     _listen_flags(gateway, "register this key (hashed) for tenant 'default' ($INFERD_API_KEY)")
     gateway_cli.add_gateway_flags(gateway)
+    config = commands.add_parser("config", help="deployment specs").add_subparsers(dest="action", required=True)
+    check = config.add_parser("check", help="validate a deployment spec (fields, settings, model digests)")
+    check.add_argument("file")
     add_bench_parser(commands)
     gateway_cli.add_parsers(commands)
     return parser
@@ -112,31 +117,44 @@ def _replica(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """The gateway on --port, in front of --replicas local `inferd replica` processes."""
-    from inferd.control.replicas import ReplicaProcess, Supervisor
-    from inferd.gateway.deployments import Deployments, Upstream
-    from inferd.gateway.launch import deployment_for, gateway_config, open_store, run_gateway
+    """The gateway on --port, in front of local `inferd replica` processes (one model, or a --config spec)."""
+    from inferd.control.launch import local_plans, start_deployments, spec_plans
+    from inferd.control.replicas import Supervisor
+    from inferd.control.spec import SpecError, load_spec
+    from inferd.gateway.launch import gateway_config, open_store, run_gateway
 
-    _engine_config(args)  # bad engine flags stop here, before anything starts
+    if args.config and args.model:
+        raise SystemExit("inferd serve: give MODEL (and engine flags) or --config, not both")
+    try:
+        plans = spec_plans(load_spec(args.config)) if args.config else local_plans(args, _replica_args(args))
+    except SpecError as exc:
+        raise SystemExit(f"inferd serve: {args.config}: {exc}")
+    if not args.config:
+        _engine_config(args)  # bad engine flags stop here, before anything starts
     config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
     store = open_store(config, args.api_key)
-    replicas = [ReplicaProcess(_replica_args(args)) for _ in range(args.replicas)]
-    supervisor = Supervisor(replicas)
+    supervisor = Supervisor([r for plan in plans for r in plan.replicas])
     try:
-        for r in replicas:
-            r.start()
-        for r in replicas:
-            r.wait_ready()
+        deployments = start_deployments(plans, config)
         supervisor.start()
-        upstreams = [Upstream(r.url, r.api_key, name=f"replica-{i}") for i, r in enumerate(replicas)]
-        deployments = Deployments()
-        deployments.add(deployment_for(upstreams, config))
         run_gateway(config, store, deployments, args.log_level)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 2
     finally:
         supervisor.stop()
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    from inferd.control.spec import SpecError, load_spec
+    try:
+        spec = load_spec(args.file)
+    except SpecError as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        return 1
+    kinds = [f"{d.name} ({'external' if d.external else f'{d.replicas} replica(s)'})" for d in spec.deployments]
+    print(f"{args.file}: ok: {', '.join(kinds)}")
     return 0
 
 
@@ -162,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(args)
     if args.command in ("keys", "tenants", "usage"):
         return gateway_cli.run(args)
+    if args.command == "config":
+        return _config(args)
     from inferd.models.errors import ModelLoadError
     try:
         return {"serve": _serve, "replica": _replica, "gateway": _gateway}[args.command](args)

@@ -58,7 +58,9 @@ def _default_tenant(store: Store) -> None:
 
 
 def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name: str | None = None,
-                   tokenizer_source: str | None = None, max_model_len: int | None = None) -> Deployment:
+                   tokenizer_source: str | None = None, max_model_len: int | None = None,
+                   queue: QueueConfig | None = None, router: RouterConfig | None = None,
+                   version: str = "v1") -> Deployment:
     """A deployment over replicas that serve the same model; its card comes from the first one."""
     from inferd.models.loader import load_tokenizer
     card = describe_upstream(upstreams[0].base_url, upstreams[0].api_key)
@@ -69,8 +71,8 @@ def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name:
     name = model_name or card["id"]
     return Deployment(name=name, tokenizer=load_tokenizer(source),
                       max_model_len=max_model_len or card.get("max_model_len") or 8192, upstreams=upstreams,
-                      queue=AdmissionQueue(config.queue), upstream_model=card["id"], internal_headers=ours,
-                      router=Router(config.router),
+                      queue=AdmissionQueue(queue or config.queue), upstream_model=card["id"], internal_headers=ours,
+                      router=Router(router or config.router), version=version,
                       card={k: v for k, v in card.items() if k in ("max_model_len", "source_path", "digests")})
 
 

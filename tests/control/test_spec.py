@@ -1,0 +1,75 @@
+import hashlib
+import subprocess
+import sys
+
+import pytest
+
+from inferd.control.launch import replica_args, spec_plans
+from inferd.control.spec import SpecError, load_spec
+from inferd.models.loader import default_model_path
+from tests.server import ROOT
+
+
+@pytest.fixture(scope="module")
+def digest() -> str:
+    with default_model_path().open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "deploy.yaml"
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+deployments:
+  - name: smol
+    model: {{source: default, sha256: "{digest}"}}
+    runtime: {{dtype: float32, max_num_seqs: 8, max_model_len: 1024, num_threads: 1}}
+    replicas: 2
+    price: {{input_usd_per_mtok: 0.05, output_usd_per_mtok: 0.2}}
+    router: {{policy: least_loaded}}
+  - name: hosted
+    external: {{base_url: "https://api.example.com/v1", model: gpt-4o-mini}}
+"""
+
+
+def test_a_valid_spec_loads_into_plans(tmp_path, digest):
+    spec = load_spec(write(tmp_path, GOOD.format(digest=digest)))
+    assert [d.name for d in spec.deployments] == ["smol", "hosted"]
+    smol = spec.deployments[0]
+    assert smol.router.policy == "least_loaded" and smol.price.output_usd_per_mtok == 0.2
+    assert replica_args(smol)[:2] == ["--served-model-name", "smol"] and "--num-threads" in replica_args(smol)
+    plans = spec_plans(spec)
+    assert len(plans[0].replicas) == 2 and plans[1].replicas == []
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("max_num_seqs: 8", "max_num_seqs: 8, max_seqs: 3"), "deployments[0].runtime.max_seqs: unknown field"),
+    (("max_num_seqs: 8", "max_num_seqs: eight"), "deployments[0].runtime.max_num_seqs: expected int"),
+    (("dtype: float32", "dtype: int4"), "deployments[0].runtime.dtype: must be one of"),
+    (("num_threads: 1", "num_threads: 512"), "deployments[0].runtime.num_threads: 512 threads"),
+    (("replicas: 2", "replicas: 0"), "deployments[0].replicas: must be at least 1"),
+    (("policy: least_loaded", "policy: random"), "deployments[0].router: router policy must be one of"),
+    (("name: hosted", "name: smol"), "deployments[1].name: 'smol' is declared twice"),
+    (("model: gpt-4o-mini}", "model: gpt-4o-mini, api_key_env: INFERD_NO_SUCH_VAR}"),
+     "deployments[1].external.api_key_env: $INFERD_NO_SUCH_VAR is not set"),
+])
+def test_errors_name_the_field(tmp_path, digest, edit, message):
+    with pytest.raises(SpecError, match=message.replace("$", r"\$").replace("[", r"\[").replace("]", r"\]")):
+        load_spec(write(tmp_path, GOOD.format(digest=digest).replace(*edit)))
+
+
+def test_a_digest_mismatch_is_an_error(tmp_path, digest):
+    with pytest.raises(SpecError, match=r"deployments\[0\].model.sha256: the model's digest is"):
+        load_spec(write(tmp_path, GOOD.format(digest="0" * 64)))
+
+
+def test_config_check_command(tmp_path, digest):
+    ok = subprocess.run([sys.executable, "-m", "inferd.cli", "config", "check",
+                         str(write(tmp_path, GOOD.format(digest=digest)))], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0 and "smol (2 replica(s)), hosted (external)" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "inferd.cli", "config", "check",
+                          str(write(tmp_path, "deployments: []"))], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 1 and "at least one" in bad.stderr
