@@ -3,6 +3,7 @@ import argparse
 import logging
 from pathlib import Path
 
+import httpx
 import uvicorn
 
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
@@ -63,7 +64,13 @@ def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name:
                    version: str = "v1") -> Deployment:
     """A deployment over replicas that serve the same model; its card comes from the first one."""
     from inferd.models.loader import load_tokenizer
-    card = describe_upstream(upstreams[0].base_url, upstreams[0].api_key)
+    try:
+        card = describe_upstream(upstreams[0].base_url, upstreams[0].api_key)
+    except httpx.HTTPError as exc:
+        if model_name is None:
+            raise RuntimeError(f"cannot read {upstreams[0].base_url}/v1/models: {exc}") from None
+        log.warning("cannot read %s/v1/models (%s); serving it as %s", upstreams[0].base_url, exc, model_name)
+        card = {"id": model_name}
     ours = "source_path" in card
     source = tokenizer_source or card.get("source_path")
     if source is None:
