@@ -5,7 +5,8 @@ the other (core 0), and so does the fake upstream (benchmarks/fake_upstream.py)
 when a gateway sits in front of it. Targets:
 
   direct   the fake upstream itself, on core 1: the baseline every "added" figure subtracts
-  inferd   `inferd gateway` over the fake upstream; one tenant, TPM limit --tpm-limit, one key
+  inferd   `inferd gateway` over the fake upstream; one tenant, TPM limit --tpm-limit, one key;
+           the code of --inferd-rev (default HEAD), exported, so edits in the tree during the run don't count
   litellm  the LiteLLM proxy (litellm[proxy] in --litellm-venv, config benchmarks/litellm/),
            one uvicorn worker, one key with the same TPM limit
 
@@ -29,6 +30,7 @@ that fails to start is reported as failed and the others still run.
 """
 import argparse
 import asyncio
+import io
 import json
 import math
 import os
@@ -38,6 +40,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import urllib.request
@@ -66,6 +69,8 @@ class Settings:
     litellm_venv: str = "/work/litellm-venv"
     max_tokens: int = 16
     nice: int = 0
+    inferd_rev: str = "HEAD"
+    inferd_src: str = ""  # set in main: the directory whose inferd/ the inferd target runs
 
 
 class TargetFailed(Exception):
@@ -386,17 +391,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def set_priority(pid: int, nice: int) -> None:
+    """Niceness of pid and, where the kernel groups processes by session (autogroup), of its session's group:
+    with autogroup on, a process's own niceness counts only against its session, not against other jobs."""
+    os.setpriority(os.PRIO_PROCESS, pid, nice)
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass
+
+
 class Processes:
     """Every process a target started, each in its own session, stopped in reverse order."""
 
-    def __init__(self, logdir: Path):
-        self.logdir = logdir
+    def __init__(self, logdir: Path, nice: int):
+        self.logdir, self.nice = logdir, nice
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
-    def spawn(self, name: str, cmd: list[str], cpu: int, env: dict | None = None) -> subprocess.Popen:
+    def spawn(self, name: str, cmd: list[str], cpu: int, env: dict | None = None, cwd: Path = ROOT) -> subprocess.Popen:
         log = open(self.logdir / f"{name}.log", "wb")
         p = subprocess.Popen(["taskset", "-c", str(cpu), *cmd], stdout=log, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=ROOT)
+                             stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=cwd)
+        if self.nice:
+            set_priority(p.pid, self.nice)
         self.procs.append((name, p))
         return p
 
@@ -444,25 +461,45 @@ def start_direct(procs: Processes, settings: Settings, workdir: Path) -> tuple[s
     return f"http://127.0.0.1:{port}", "unused"
 
 
-def inferd_cli(args: list[str], env: dict) -> str:
+def inferd_source(rev: str, workdir: Path) -> tuple[Path, str, bool]:
+    """(directory whose inferd/ the inferd target runs, its commit, whether it holds uncommitted changes).
+
+    A commit is exported (git archive) so that edits others make in the shared tree during the run
+    cannot change what is measured; "worktree" runs the tree as it is."""
+    if rev == "worktree":
+        dirty = bool(command_output(["git", "status", "--porcelain", "--", "inferd"]))
+        return ROOT, command_output(["git", "rev-parse", "--short", "HEAD"]), dirty
+    commit = command_output(["git", "rev-parse", "--short", f"{rev}^{{commit}}"])
+    if not commit:
+        sys.exit(f"--inferd-rev {rev}: not a commit of {ROOT}")
+    dest = workdir / "inferd-src"
+    dest.mkdir()
+    archive = subprocess.run(["git", "archive", commit, "inferd"], cwd=ROOT, capture_output=True, check=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest, commit, False
+
+
+def inferd_cli(args: list[str], env: dict, src: Path) -> str:
     r = subprocess.run([sys.executable, "-m", "inferd.cli", *args], capture_output=True, text=True, env=env,
-                       cwd=ROOT, timeout=120)
+                       cwd=src, timeout=120)
     if r.returncode != 0:
         raise TargetFailed(f"inferd {' '.join(args[:2])} failed ({r.returncode}):\n{r.stderr[-2000:]}")
     return r.stdout
 
 
 def start_inferd(procs: Processes, settings: Settings, workdir: Path) -> tuple[str, str]:
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    src = Path(settings.inferd_src)
+    env = os.environ | {"PYTHONPATH": str(src)}  # and cwd=src: `python -m` puts the cwd first on sys.path
     upstream = start_upstream(procs, CLIENT_CPU, settings)
     db = f"sqlite:///{workdir / 'inferd.db'}"
-    inferd_cli(["tenants", "create", "bench", "--db", db, "--tpm", str(settings.tpm_limit)], env)
-    out = inferd_cli(["keys", "create", "--db", db, "--tenant", "bench", "--format", "json"], env)
+    inferd_cli(["tenants", "create", "bench", "--db", db, "--tpm", str(settings.tpm_limit)], env, src)
+    out = inferd_cli(["keys", "create", "--db", db, "--tenant", "bench", "--format", "json"], env, src)
     key = json.loads(out.strip().splitlines()[-1])["key"]
     port = free_port()
     procs.spawn("inferd", [sys.executable, "-m", "inferd.cli", "gateway", "--db", db, "--upstream",
                            f"http://127.0.0.1:{upstream}", "--model", MODEL, "--host", "127.0.0.1",
-                           "--port", str(port)], TARGET_CPU, env)
+                           "--port", str(port)], TARGET_CPU, env, src)
     procs.wait_http("inferd", f"http://127.0.0.1:{port}/health", settings.startup_timeout_s)
     return f"http://127.0.0.1:{port}", key
 
@@ -493,7 +530,7 @@ STARTERS = {"direct": start_direct, "inferd": start_inferd, "litellm": start_lit
 def start_target(name: str, settings: Settings, workdir: Path) -> Target:
     logdir = workdir / name
     logdir.mkdir()
-    t = Target(name, Processes(logdir))
+    t = Target(name, Processes(logdir, settings.nice))
     try:
         t.base_url, t.key = STARTERS[name](t.procs, settings, logdir)
         t.pgid = t.procs.procs[-1][1].pid  # each starter spawns its target last, in a session of its own
@@ -519,13 +556,12 @@ def machine() -> dict:
     return {"cpu": model, "cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
 
 
-def versions(settings: Settings) -> dict:
+def versions(settings: Settings, inferd_commit: str, inferd_dirty: bool) -> dict:
     py = str(Path(settings.litellm_venv) / "bin" / "python")
     litellm = command_output([py, "-c", "import importlib.metadata as m; print(m.version('litellm'), "
                                         "m.version('uvicorn'), m.version('fastapi'))"]).split()
     from importlib.metadata import version
-    return {"inferd_commit": command_output(["git", "rev-parse", "--short", "HEAD"]),
-            "inferd_tree_dirty": bool(command_output(["git", "status", "--porcelain", "--", "inferd"])),
+    return {"inferd_commit": inferd_commit, "inferd_tree_dirty": inferd_dirty,
             "inferd_uvicorn": version("uvicorn"), "inferd_starlette": version("starlette"),
             "litellm": litellm[0] if litellm else None,
             "litellm_uvicorn": litellm[1] if len(litellm) > 1 else None,
@@ -595,7 +631,8 @@ def fmt(v: float | None, digits: int = 2) -> str:
 def markdown(report: dict) -> str:
     s, res, v, m = report["settings"], report["targets"], report["versions"], report["machine"]
     dirty = " (uncommitted changes in inferd/)" if v["inferd_tree_dirty"] else ""
-    inferd = f"inferd {v['inferd_commit']}{dirty}; " if "inferd" in res else ""
+    exported = " (run from `git archive` of that commit)" if s.get("inferd_src", "").startswith("git") else ""
+    inferd = f"inferd {v['inferd_commit']}{exported}{dirty}; " if "inferd" in res else ""
     missing = [name for name in ALL_TARGETS if name not in res]
     lines = ["# Gateway overhead: inferd against the LiteLLM proxy", "",
              *([f"Not in this run: {', '.join(missing)}.", ""] if missing else []),
@@ -671,7 +708,11 @@ def parse_args() -> tuple[Settings, Path]:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tpm-limit", type=int, default=10**9)
     ap.add_argument("--nice", type=int, default=0,
-                    help="niceness of this process and every target (negative, as root: less noise from other jobs)")
+                    help="niceness of this process and every target, and of their session groups where the kernel's "
+                         "autogroup scheduling is on (negative, as root: other jobs on the machine disturb less)")
+    ap.add_argument("--inferd-rev", default="HEAD",
+                    help="the commit of inferd to measure, exported to a temporary directory (default HEAD); "
+                         "'worktree': the working tree as it is, uncommitted changes included")
     ap.add_argument("--client", choices=("raw", "httpx"), default="raw")
     ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/work/litellm-venv"))
     ap.add_argument("--out", default="benchmarks/results/gateway", help="writes OUT.json and OUT.md")
@@ -681,21 +722,29 @@ def parse_args() -> tuple[Settings, Path]:
         ap.error(f"unknown targets {sorted(unknown)}")
     return Settings(targets=targets, latency_requests=a.latency_requests, warmup_requests=a.warmup_requests,
                     concurrencies=[int(c) for c in a.concurrencies.split(",")], duration_s=a.duration_s,
-                    repeats=a.repeats, tpm_limit=a.tpm_limit, client=a.client, nice=a.nice,
+                    repeats=a.repeats, tpm_limit=a.tpm_limit, client=a.client, nice=a.nice, inferd_rev=a.inferd_rev,
                     litellm_venv=a.litellm_venv), Path(a.out)
 
 
 def main() -> None:
     settings, out = parse_args()
+    if settings.nice and os.getsid(0) != os.getpid():  # a session of our own, so its group's niceness is ours alone
+        os.execvp("setsid", ["setsid", "--wait", sys.executable, *sys.argv])
     if len(os.sched_getaffinity(0) | {TARGET_CPU, CLIENT_CPU}) != len(os.sched_getaffinity(0)):
         sys.exit(f"needs cores {CLIENT_CPU} and {TARGET_CPU}; this process may use {sorted(os.sched_getaffinity(0))}")
     os.sched_setaffinity(0, {CLIENT_CPU})
-    os.setpriority(os.PRIO_PROCESS, 0, settings.nice)  # the targets inherit it
-    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-              "versions": versions(settings), "settings": asdict(settings),
-              "command": " ".join([".venv/bin/python", *sys.argv]), "targets": {}}
-    report["loadavg_before"] = os.getloadavg()
+    if settings.nice:
+        set_priority(os.getpid(), settings.nice)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through the finally that stops the targets
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
+        rev = settings.inferd_rev if "inferd" in settings.targets else "worktree"
+        src, commit, dirty = inferd_source(rev, Path(tmp))
+        settings.inferd_src = str(src)
+        report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+                  "versions": versions(settings, commit, dirty),
+                  "settings": asdict(settings) | {"inferd_src": "worktree" if src == ROOT else f"git archive {commit}"},
+                  "command": " ".join([".venv/bin/python", *sys.argv]), "targets": {}}
+        report["loadavg_before"] = os.getloadavg()
         targets = [start_target(name, settings, Path(tmp)) for name in settings.targets]
         try:
             report["core1_speed_us"] = asyncio.run(measure_all(settings, targets))
