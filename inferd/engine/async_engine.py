@@ -77,11 +77,14 @@ class AsyncEngine:
         if self._error is not None:
             raise EngineDeadError(f"the engine stopped: {self._error}")
         self.engine.check_request(len(prompt_token_ids), params)
+        grammar = None
+        if params.response_format is not None:  # compiled here, in a worker thread: never stalls the engine loop
+            grammar = await asyncio.to_thread(self.engine.grammars.matcher, params.response_format)
         if request_id in self._streams:
             raise EngineError(f"request id {request_id!r} is already in use")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        self._inbox.put(("add", (request_id, prompt_token_ids, params, cache_namespace)))
+        self._inbox.put(("add", (request_id, prompt_token_ids, params, cache_namespace, grammar)))
         finished = False
         try:
             while not finished:
@@ -102,6 +105,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
+            self.engine.grammars.warm()  # before the first step, so that no batch waits for it
             while not self._stopping.is_set():
                 self._drain_inbox(block=not self.engine.has_work())
                 if self.engine.has_work():

@@ -5,6 +5,7 @@ import torch
 
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.config import EngineConfig
+from inferd.engine.grammar import GrammarCompiler, GrammarMasker, accept_token
 from inferd.engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from inferd.engine.request import EngineError, RequestOutput, SamplingParams, TokenLogprob
 from inferd.engine.sampler import Sampler
@@ -73,6 +74,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(self.model, self.blocks, self.dtype)
         self.sampler = Sampler()
+        self.grammars = GrammarCompiler(model.tokenizer, sorted(self.eos_token_ids))
+        self.masker = GrammarMasker(self.grammars, mc.vocab_size)
         self.seqs: dict[str, Sequence] = {}
         log.info("engine: dtype=%s kv_blocks=%d block_size=%d max_model_len=%d prefix_caching=%s", self.dtype,
                  num_blocks, config.block_size, self.max_model_len, "on" if config.enable_prefix_caching else "off")
@@ -96,14 +99,18 @@ class LLMEngine:
         return min(self.max_model_len, self.kv_capacity_tokens)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    cache_namespace: str = "default") -> None:
-        """cache_namespace: prefix-cache blocks are reused only by requests of the same namespace (a tenant)."""
+                    cache_namespace: str = "default", grammar=None) -> None:
+        """cache_namespace: prefix-cache blocks are reused only by requests of the same namespace (a tenant).
+        grammar: a matcher from self.grammars for params.response_format, made off this thread (AsyncEngine);
+        made here if not given."""
         self.check_request(len(prompt_token_ids), params)
         if request_id in self.seqs:
             raise EngineError(f"request id {request_id!r} is already running")
+        if params.response_format is not None and grammar is None:
+            grammar = self.grammars.matcher(params.response_format)
         stream = self.tokenizer.new_decode_stream(params.skip_special_tokens)
         seq = Sequence(request_id, prompt_token_ids, params, stream, cache_namespace,
-                       self._public_prefix_len(prompt_token_ids))
+                       self._public_prefix_len(prompt_token_ids), grammar)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -128,11 +135,14 @@ class LLMEngine:
         return self.run_batch(batch) if batch.seqs else []
 
     def run_batch(self, batch: Batch) -> list[RequestOutput]:
-        logits = self.runner.run(batch)
         sampling = [item.seq for item in batch.seqs if item.samples]
+        masks = self.masker.start(sampling)  # grammar masks, computed while the forward runs
+        logits = self.runner.run(batch)
         for item in batch.seqs:
             item.seq.num_computed_tokens += item.num_tokens
             self.blocks.cache_full_blocks(item.seq)
+        if masks is not None:
+            masks.apply(logits)
         tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], [])
         now = time.monotonic()
         return [self._append(seq, token, lp, now) for seq, token, lp in zip(sampling, tokens, logprobs)]
@@ -151,6 +161,8 @@ class LLMEngine:
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
+        if seq.grammar is not None and not accept_token(seq.grammar, token):
+            return "abort"
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             return "stop"
         piece = seq.decode_stream.step(token)
@@ -158,6 +170,8 @@ class LLMEngine:
             seq.text += piece
             if p.stop and _cut_at_stop(seq, len(seq.text) - len(piece)):
                 return "stop"
+        if seq.grammar is not None and seq.grammar.is_stopped():  # the JSON is complete
+            return "stop"
         if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
             return "length"
         return None

@@ -5,8 +5,25 @@ class EngineError(Exception):
     """A request the engine cannot take; the message is shown to the user."""
 
 
+class GrammarError(EngineError):
+    """A response format whose grammar cannot be built (an invalid or unsupported JSON schema)."""
+
+
 class EngineDeadError(Exception):
     """The engine loop stopped; nothing can run until the replica restarts."""
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseFormat:
+    """Output constrained to JSON: any object ("json_object") or one matching a JSON schema ("json_schema")."""
+    type: str
+    schema: str | None = None  # the JSON schema as compact JSON text (the grammar cache's key)
+
+    def __post_init__(self):
+        if self.type not in ("json_object", "json_schema"):
+            raise EngineError(f"response format type must be json_object or json_schema, not {self.type!r}")
+        if (self.type == "json_schema") != (self.schema is not None):
+            raise EngineError("a json_schema response format needs a schema, and only it takes one")
 
 
 @dataclass(slots=True)
@@ -24,6 +41,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     skip_special_tokens: bool = True
+    response_format: ResponseFormat | None = None  # None: free text
 
     def __post_init__(self):
         if self.max_tokens < 1:

@@ -16,7 +16,7 @@ class Sequence:
     """One generation: the prompt, the tokens produced so far and where its KV lives."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, decode_stream=None,
-                 cache_namespace: str = "default", num_public_tokens: int = 0):
+                 cache_namespace: str = "default", num_public_tokens: int = 0, grammar=None):
         assert prompt_token_ids, "empty prompt"
         assert 0 <= num_public_tokens <= len(prompt_token_ids)
         self.request_id = request_id
@@ -40,6 +40,7 @@ class Sequence:
         self.num_sent_chars = 0
         self.logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None
+        self.grammar = grammar  # an llguidance matcher when the output is constrained (engine.grammar)
 
     def __len__(self) -> int:
         return len(self.token_ids)
