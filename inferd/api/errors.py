@@ -5,7 +5,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from inferd.engine.request import EngineDeadError, EngineError
+from inferd.engine.request import EngineDeadError, EngineError, GrammarError
 from inferd.models.errors import ChatTemplateError
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,8 @@ def to_api_error(exc: BaseException) -> APIError:
     match exc:
         case APIError():
             return exc
+        case GrammarError():
+            return InvalidRequest(str(exc), param="response_format")
         case EngineError():
             return InvalidRequest(str(exc))
         case EngineDeadError():

@@ -1,3 +1,4 @@
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -5,7 +6,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferd.api.errors import ContextLengthExceeded, InvalidRequest
-from inferd.engine.request import RequestOutput, SamplingParams, TokenLogprob
+from inferd.engine.request import RequestOutput, ResponseFormat, SamplingParams, TokenLogprob
 
 MAX_SEED = 2**63
 MAX_CHOICES_PER_REQUEST = 256
@@ -40,6 +41,33 @@ class ChatMessage(_Body):
         return {"role": role, "content": self.content or ""}
 
 
+class JSONSchemaFormat(_Body):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None  # accepted; the schema is always enforced, as JSON Schema reads it
+
+
+class ResponseFormatBody(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormatBody":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise InvalidRequest("'response_format.json_schema' is required when its type is 'json_schema'",
+                                 param="response_format.json_schema")
+        return self
+
+    def engine_format(self) -> ResponseFormat | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return ResponseFormat("json_object")
+        # keys keep their order: properties are written in the order the schema declares them
+        return ResponseFormat("json_schema", json.dumps(self.json_schema.schema_, separators=(",", ":")))
+
+
 class SamplingRequest(_Body):
     """Fields shared by chat completions and completions."""
     model: str | None = None
@@ -57,6 +85,7 @@ class SamplingRequest(_Body):
     ignore_eos: bool | None = False
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     user: str | None = None
+    response_format: ResponseFormatBody | None = None  # an extension on /v1/completions
 
     @property
     def num_choices(self) -> int:
@@ -93,6 +122,7 @@ class SamplingRequest(_Body):
             ignore_eos=bool(self.ignore_eos),
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            response_format=self.response_format.engine_format() if self.response_format else None,
         )
 
     def checked_max_tokens(self, num_prompt_tokens: int, max_model_len: int) -> int:
