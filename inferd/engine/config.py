@@ -11,6 +11,7 @@ class EngineConfig:
     block_size: int = 16
     max_model_len: int | None = None  # defaults to the model's context length
     pack_weights: bool = True  # prepack linear weights for oneDNN where the CPU supports the dtype
+    quantization: str = "none"  # none | int8 (weight-only, per output channel; fp32 activations)
     paged_attention_kernel: bool = True  # fp32 decode attention in C++, built on first use (torch path if not)
     num_threads: int | None = None  # torch threads for the engine; default: all cores
     enable_prefix_caching: bool = True  # reuse the KV of full prompt blocks seen before in the same namespace
@@ -19,6 +20,8 @@ class EngineConfig:
     def __post_init__(self):
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.quantization not in ("none", "int8"):
+            raise ValueError(f"quantization must be none or int8; got {self.quantization!r}")
         if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:
             raise ValueError("kv_cache_gib must be positive")
         if any(not prefix for prefix in self.public_prefixes):

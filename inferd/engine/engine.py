@@ -15,6 +15,7 @@ from inferd.models.config import LoadedModel
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.packed import pack_linears
 from inferd.models.paged_attention import load_kernel
+from inferd.models.quant import load_int8_kernel, quantize_linears
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class LLMEngine:
         net = LlamaForCausalLM(mc, self.max_model_len)
         net.load_weights(model.weights)
         self.model = net.to(self.dtype).eval()
+        if config.quantization == "int8":
+            quantize_linears(self.model, load_int8_kernel())
         if config.pack_weights:
             pack_linears(self.model, self.dtype)
         if config.paged_attention_kernel and self.dtype == torch.float32:

@@ -1,0 +1,301 @@
+"""Weight-only int8 linears: per-output-channel symmetric scales, fp32 activations.
+
+Decode is memory-bound on the weights (SmolLM2-135M reads 537 MB of fp32 per
+step); int8 reads a quarter of that. The kernel (C++, AVX2 FMA, built on first
+use like the paged attention kernel) keeps the weights as int8 panels of 16
+output channels, [N/16, K, 16], and widens them to fp32 in registers for up
+to 12 rows (decode batches), or one panel at a time into an L2-sized fp32
+buffer that all rows then reuse (prefill).
+Activations stay fp32, so the only error is the weights' rounding. Where the
+kernel cannot be built, torch's `_weight_int8pack_mm` on the same int8 values
+serves. Measured against the alternatives in benchmarks/quantization.py.
+"""
+import functools
+import logging
+import os
+
+import torch
+from torch import nn
+
+from inferd.models.paged_attention import _cpu_tag
+
+log = logging.getLogger(__name__)
+
+QUANTIZATIONS = ("none", "int8")
+PANEL = 16  # output channels per panel: two AVX2 registers
+FUSED_MAX_M = 12  # up to this many rows widen the int8 weights in registers; more widen each panel once to fp32
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <vector>
+
+constexpr int64_t NR = 16, MR = 6;
+
+static inline void widen16(const int8_t* p, __m256& lo, __m256& hi) {
+  __m128i v = _mm_loadu_si128((const __m128i*)p);
+  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+}
+
+// y[r, 0:cols] = (x[r, :] . panel) * scale (+ bias) for R rows; panel is int8 [K, 16] or fp32 [K, 16]
+template <int R, bool INT8>
+static inline void tile(const float* x, int64_t ldx, const void* panel, int64_t K, const float* scale,
+                        const float* bias, float* y, int64_t ldy, int64_t cols) {
+  __m256 acc[R][2];
+  #pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 b0, b1;
+    if constexpr (INT8) {
+      widen16((const int8_t*)panel + k * NR, b0, b1);
+    } else {
+      b0 = _mm256_loadu_ps((const float*)panel + k * NR);
+      b1 = _mm256_loadu_ps((const float*)panel + k * NR + 8);
+    }
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
+      acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+    }
+  }
+  const __m256 s0 = _mm256_loadu_ps(scale), s1 = _mm256_loadu_ps(scale + 8);
+  const __m256 c0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+  const __m256 c1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+  #pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    __m256 v0 = _mm256_fmadd_ps(acc[r][0], s0, c0), v1 = _mm256_fmadd_ps(acc[r][1], s1, c1);
+    if (cols == NR) {
+      _mm256_storeu_ps(y + r * ldy, v0);
+      _mm256_storeu_ps(y + r * ldy + 8, v1);
+    } else {
+      alignas(32) float tmp[NR];
+      _mm256_store_ps(tmp, v0);
+      _mm256_store_ps(tmp + 8, v1);
+      for (int64_t c = 0; c < cols; ++c) y[r * ldy + c] = tmp[c];
+    }
+  }
+}
+
+// 7-12 rows against half a panel (8 channels at column h): each int8 weight widened once for all rows
+template <int R>
+static inline void half_tile(const float* x, int64_t ldx, const int8_t* panel, int64_t h, int64_t K,
+                             const float* scale, const float* bias, float* y, int64_t ldy, int64_t cols) {
+  __m256 acc[R];
+  #pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(panel + k * NR + h))));
+    #pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + r * ldx + k), b, acc[r]);
+  }
+  const __m256 s = _mm256_loadu_ps(scale + h), c = bias ? _mm256_loadu_ps(bias + h) : _mm256_setzero_ps();
+  #pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, _mm256_fmadd_ps(acc[r], s, c));
+    for (int64_t j = 0; j < std::min<int64_t>(8, cols - h); ++j) y[r * ldy + h + j] = tmp[j];
+  }
+}
+
+static void rows_7_to_12(int64_t M, const float* x, int64_t ldx, const int8_t* panel, int64_t K,
+                         const float* scale, const float* bias, float* y, int64_t ldy, int64_t cols) {
+  for (int64_t h = 0; h < cols; h += 8) {
+    switch (M) {
+      case 7: half_tile<7>(x, ldx, panel, h, K, scale, bias, y, ldy, cols); break;
+      case 8: half_tile<8>(x, ldx, panel, h, K, scale, bias, y, ldy, cols); break;
+      case 9: half_tile<9>(x, ldx, panel, h, K, scale, bias, y, ldy, cols); break;
+      case 10: half_tile<10>(x, ldx, panel, h, K, scale, bias, y, ldy, cols); break;
+      case 11: half_tile<11>(x, ldx, panel, h, K, scale, bias, y, ldy, cols); break;
+      default: half_tile<12>(x, ldx, panel, h, K, scale, bias, y, ldy, cols); break;
+    }
+  }
+}
+
+// one row, int8 panel, four independent accumulator pairs over k (decode at batch 1)
+static inline void row(const float* x, const int8_t* panel, int64_t K, const float* scale, const float* bias,
+                       float* y, int64_t cols) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    __m256 b0, b1, b2, b3, b4, b5, b6, b7;
+    widen16(panel + k * NR, b0, b1);
+    widen16(panel + (k + 1) * NR, b2, b3);
+    widen16(panel + (k + 2) * NR, b4, b5);
+    widen16(panel + (k + 3) * NR, b6, b7);
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k), b0, a0);
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k), b1, a1);
+    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k + 1), b2, a2);
+    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k + 1), b3, a3);
+    a4 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k + 2), b4, a4);
+    a5 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k + 2), b5, a5);
+    a6 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k + 3), b6, a6);
+    a7 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k + 3), b7, a7);
+  }
+  for (; k < K; ++k) {
+    __m256 b0, b1;
+    widen16(panel + k * NR, b0, b1);
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k), b0, a0);
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k), b1, a1);
+  }
+  a0 = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a4, a6));
+  a1 = _mm256_add_ps(_mm256_add_ps(a1, a3), _mm256_add_ps(a5, a7));
+  const __m256 c0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+  const __m256 c1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+  alignas(32) float tmp[NR];
+  _mm256_store_ps(tmp, _mm256_fmadd_ps(a0, _mm256_loadu_ps(scale), c0));
+  _mm256_store_ps(tmp + 8, _mm256_fmadd_ps(a1, _mm256_loadu_ps(scale + 8), c1));
+  for (int64_t c = 0; c < cols; ++c) y[c] = tmp[c];
+}
+
+template <bool INT8>
+static void rows_at_most_6(int64_t R, const float* x, int64_t ldx, const void* panel, int64_t K, const float* scale,
+                 const float* bias, float* y, int64_t ldy, int64_t cols) {
+  switch (R) {
+    case 1: return tile<1, INT8>(x, ldx, panel, K, scale, bias, y, ldy, cols);
+    case 2: return tile<2, INT8>(x, ldx, panel, K, scale, bias, y, ldy, cols);
+    case 3: return tile<3, INT8>(x, ldx, panel, K, scale, bias, y, ldy, cols);
+    case 4: return tile<4, INT8>(x, ldx, panel, K, scale, bias, y, ldy, cols);
+    case 5: return tile<5, INT8>(x, ldx, panel, K, scale, bias, y, ldy, cols);
+    default: return tile<6, INT8>(x, ldx, panel, K, scale, bias, y, ldy, cols);
+  }
+}
+
+// all M rows against one panel, in tiles of at most MR rows as even as possible (8 = 4 + 4, not 6 + 2)
+template <bool INT8>
+static void rows(int64_t M, const float* x, int64_t ldx, const void* panel, int64_t K, const float* scale,
+                 const float* bias, float* y, int64_t ldy, int64_t cols) {
+  const int64_t tiles = (M + MR - 1) / MR;
+  for (int64_t t = 0, m = 0; t < tiles; ++t) {
+    const int64_t r = M / tiles + (t < M % tiles);
+    rows_at_most_6<INT8>(r, x + m * ldx, ldx, panel, K, scale, bias, y + m * ldy, ldy, cols);
+    m += r;
+  }
+}
+
+// x: [M, K] fp32; packed: [P, K, 16] int8; scale: [P * 16] fp32; bias: [N] fp32 or empty. Returns [M, N].
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, torch::Tensor bias,
+                          int64_t N, int64_t fused_max_m) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && packed.dtype() == torch::kInt8, "fp32 x, int8 weights");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && packed.is_contiguous(), "contiguous 2-d x");
+  const int64_t M = x.size(0), K = x.size(1), P = packed.size(0);
+  TORCH_CHECK(packed.size(1) == K && packed.size(2) == NR && P * NR >= N, "packed weight shape");
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const int8_t* wp = packed.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
+  std::vector<float> padded_bias;
+  if (bias.numel()) {
+    padded_bias.assign(P * NR, 0.f);
+    std::copy(bias.data_ptr<float>(), bias.data_ptr<float>() + N, padded_bias.begin());
+  }
+  const float* bp = bias.numel() ? padded_bias.data() : nullptr;
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> wide;  // one panel widened to fp32 when several row tiles reuse it
+    for (int64_t p = begin; p < end; ++p) {
+      const int8_t* panel = wp + p * K * NR;
+      const int64_t cols = std::min(NR, N - p * NR);
+      const float* s = sp + p * NR;
+      const float* b = bp ? bp + p * NR : nullptr;
+      if (M == 1) {
+        row(xp, panel, K, s, b, yp + p * NR, cols);
+        continue;
+      }
+      if (M <= MR) {
+        rows<true>(M, xp, K, panel, K, s, b, yp + p * NR, N, cols);
+        continue;
+      }
+      if (M <= fused_max_m) {
+        TORCH_CHECK(M <= 2 * MR, "fused_max_m is at most 12");
+        rows_7_to_12(M, xp, K, panel, K, s, b, yp + p * NR, N, cols);
+        continue;
+      }
+      wide.resize(K * NR);
+      for (int64_t i = 0; i < K * NR; i += 8)
+        _mm256_storeu_ps(wide.data() + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(panel + i)))));
+      rows<false>(M, xp, K, wide.data(), K, s, b, yp + p * NR, N, cols);
+    }
+  });
+  return y;
+}
+"""
+
+
+@functools.cache
+def load_int8_kernel():
+    """The compiled module, or None where it cannot be built here (no compiler, no AVX2)."""
+    if os.environ.get("INFERD_NO_CPP_KERNELS") or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        return None
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        log.info("building the int8 linear kernel (cached after the first time)")
+        return load_inline(name=f"inferd_int8_linear_{_cpu_tag()}", cpp_sources=SOURCE, functions=["int8_linear"],
+                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                           verbose=False)
+    except Exception as e:
+        log.warning("int8 linear kernel unavailable (%s); using torch's _weight_int8pack_mm", e)
+        return None
+
+
+# ---- weights
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> int8 [N, K] and fp32 scales [N], symmetric per output channel: w ~ q * scale[:, None]."""
+    w = w.detach().float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale[:, None]
+
+
+def pack_panels(q: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] -> [ceil(N/16), K, 16], zero-padded: a panel's 16 channels side by side for each k."""
+    n, k = q.shape
+    padded = torch.zeros(-(-n // PANEL) * PANEL, k, dtype=torch.int8)
+    padded[:n] = q
+    return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
+
+
+class Int8Linear(nn.Module):
+    """nn.Linear with int8 weights; fp32 in and out."""
+
+    def __init__(self, linear: nn.Linear, kernel=None):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scale = quantize_int8(linear.weight)
+        self.kernel = kernel
+        if kernel is None:
+            self.weight, self.scale = q, scale
+        else:
+            self.weight = pack_panels(q)
+            self.scale = torch.zeros(self.weight.shape[0] * PANEL)
+            self.scale[:self.out_features] = scale
+        self.bias = torch.empty(0) if linear.bias is None else linear.bias.detach().float().clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float().contiguous()
+        if self.kernel is not None:
+            y = self.kernel.int8_linear(flat, self.weight, self.scale, self.bias, self.out_features, FUSED_MAX_M)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)
+            if self.bias.numel():
+                y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def quantize_linears(model: nn.Module, kernel=None) -> int:
+    """Replaces every nn.Linear of `model` by an Int8Linear; returns how many."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear(child, kernel))
+                count += 1
+    log.info("int8 weights for %d linears (%s)", count, "C++ kernel" if kernel else "torch _weight_int8pack_mm")
+    return count

@@ -1,0 +1,87 @@
+"""Weight-only int8: quantization error bounds, the kernel against its reference, the model and the engine."""
+import pytest
+import torch
+from torch import nn
+
+from inferd.engine.config import EngineConfig
+from inferd.engine.engine import LLMEngine
+from inferd.engine.request import SamplingParams
+from inferd.models.quant import Int8Linear, dequantize_int8, load_int8_kernel, quantize_int8
+from tests.tiny import tiny_loaded_model
+
+kernel = load_int8_kernel()
+needs_kernel = pytest.mark.skipif(kernel is None, reason="no C++ toolchain or no AVX2 here")
+
+
+def test_quantize_round_trip_within_half_a_step_per_channel():
+    w = torch.randn(37, 50) * torch.logspace(-3, 1, 37)[:, None]  # channels of very different ranges
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.shape == (37,)
+    assert q.abs().max() <= 127 and (q.abs().amax(dim=1) == 127).all()  # each channel uses its full range
+    err = (dequantize_int8(q, scale) - w).abs()
+    assert (err <= scale[:, None] / 2 + 1e-7).all()
+
+
+def test_zero_channel_quantizes_to_zero():
+    q, scale = quantize_int8(torch.zeros(3, 8))
+    assert (q == 0).all() and torch.isfinite(scale).all()
+
+
+@pytest.mark.parametrize("use_kernel", [pytest.param(True, marks=needs_kernel), False])
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 8, 12, 13, 40])
+@pytest.mark.parametrize("out_features,in_features,bias", [(48, 64, False), (37, 24, True), (5, 3, True)])
+def test_int8_linear_matches_dequantized_reference(use_kernel, rows, out_features, in_features, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    layer = Int8Linear(linear, kernel if use_kernel else None)
+    q, scale = quantize_int8(linear.weight)
+    x = torch.randn(rows, in_features)
+    expected = nn.functional.linear(x, dequantize_int8(q, scale), linear.bias).detach()
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer(x.view(1, rows, in_features)), expected.view(1, rows, -1), atol=1e-5, rtol=1e-5)
+
+
+def engine(quantization: str) -> LLMEngine:
+    return LLMEngine(tiny_loaded_model(), EngineConfig(dtype="float32", quantization=quantization, num_kv_blocks=64,
+                                                       block_size=4))
+
+
+def test_int8_model_logits_close_to_fp32():
+    fp32, int8 = engine("none"), engine("int8")
+    assert not any(isinstance(m, nn.Linear) for m in int8.model.modules())
+    ids = torch.randint(3, 384, (1, 24), generator=torch.Generator().manual_seed(0))[0].tolist()
+    ref, out = (_prompt_logits(e, ids) for e in (fp32, int8))
+    cosine = nn.functional.cosine_similarity(out, ref, dim=-1)
+    assert cosine.min() > 0.999, cosine
+    assert (out - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def _prompt_logits(e: LLMEngine, ids: list[int]) -> torch.Tensor:
+    from inferd.models.llama import AttentionMetadata, PrefillChunk
+
+    n = len(ids)
+    meta = AttentionMetadata(slot_mapping=torch.arange(n), num_decode_tokens=0, block_size=4, decode_blocks=None,
+                             decode_lens=None, prefills=[PrefillChunk(0, n, torch.arange(-(-n // 4)), n)])
+    return e.model(torch.tensor(ids), torch.arange(n), meta, e.runner.kv_cache, torch.arange(n))
+
+
+def test_engine_greedy_with_int8_runs_and_mostly_agrees():
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = {f"r{i}": list(range(3 + i, 13 + 2 * i)) for i in range(6)}
+    outputs = []
+    for e in (engine("none"), engine("int8")):
+        for rid, ids in prompts.items():
+            e.add_request(rid, ids, params)
+        tokens = {rid: [] for rid in prompts}
+        while e.has_work():
+            for out in e.step():
+                tokens[out.request_id] += out.token_ids
+        assert all(len(t) == 12 for t in tokens.values())
+        outputs.append(tokens)
+    first_tokens_agree = sum(outputs[0][r][0] == outputs[1][r][0] for r in prompts)
+    assert first_tokens_agree >= 5
+
+
+def test_unknown_quantization_is_rejected():
+    with pytest.raises(ValueError, match="quantization"):
+        EngineConfig(quantization="int4")
