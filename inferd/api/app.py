@@ -25,6 +25,7 @@ from inferd.engine.request import RequestOutput, SamplingParams
 from inferd.telemetry.metrics import ServerMetrics
 
 T = TypeVar("T")
+PRIORITY_CLASSES = ("interactive", "batch")  # the engine's priority is the index
 
 
 # what the API needs from a model runtime (the replica wires the engine in)
@@ -56,7 +57,7 @@ class TextBackend(Protocol):
     tokenizer: Tokenizer
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 cache_namespace: str = "default") -> AsyncIterator[RequestOutput]: ...
+                 cache_namespace: str = "default", priority: int = 0) -> AsyncIterator[RequestOutput]: ...
 
 
 @dataclass(slots=True)
@@ -64,6 +65,7 @@ class APIConfig:
     api_key: str | None = None
     max_body_bytes: int = 16 * 2**20
     cache_namespace_header: str | None = None  # internal header naming the prefix-cache namespace (replicas only)
+    priority_header: str | None = None  # internal header naming the scheduling class (replicas only)
 
 
 @dataclass(slots=True)
@@ -76,6 +78,7 @@ class Job:
     arrival_s: float  # time.monotonic() when the HTTP request arrived
     deadline_s: float | None = None  # time.monotonic() by which its first output must exist
     cache_namespace: str = "default"  # the engine reuses cached KV only within one namespace (a tenant)
+    priority: int = 0  # the engine's scheduling class: 0 interactive, 1 batch
 
 
 # routes
@@ -142,13 +145,23 @@ class OpenAIRoutes:
         rid, n, max_len = request.state.request_id, body.num_choices, self.backend.info.max_model_len
         if any(not p for p in prompts):
             raise InvalidRequest("the prompt is empty", param="prompt")
-        deadline, namespace = _deadline_s(request), self._cache_namespace(request)
+        deadline, namespace, priority = _deadline_s(request), self._cache_namespace(request), self._priority(request)
         return [Job(i * n + j, f"{rid}-{i * n + j}", p, body.sampling_params(len(p), max_len, j),
-                    request.state.arrival_s, deadline, namespace) for i, p in enumerate(prompts) for j in range(n)]
+                    request.state.arrival_s, deadline, namespace, priority)
+                for i, p in enumerate(prompts) for j in range(n)]
 
     def _cache_namespace(self, request: Request) -> str:
         header = self.config.cache_namespace_header
         return (request.headers.get(header) if header else None) or "default"
+
+    def _priority(self, request: Request) -> int:
+        header = self.config.priority_header
+        value = request.headers.get(header) if header else None
+        if value is None:
+            return 0
+        if value not in PRIORITY_CLASSES:
+            raise InvalidRequest(f"{header} must be one of {', '.join(PRIORITY_CLASSES)}", param=header)
+        return PRIORITY_CLASSES.index(value)
 
     def _meta(self, prefix: str, request: Request) -> ResponseMeta:
         info = self.backend.info
@@ -183,7 +196,8 @@ class OpenAIRoutes:
     async def _pump(self, job: Job, queue: asyncio.Queue) -> None:
         trace = self.metrics.start_sequence(job.arrival_s) if self.metrics else None
         try:
-            outs = self.backend.generate(job.request_id, job.prompt_token_ids, job.params, job.cache_namespace)
+            outs = self.backend.generate(job.request_id, job.prompt_token_ids, job.params, job.cache_namespace,
+                                         job.priority)
             async with aclosing(outs):
                 async for out in outs:
                     if trace:

@@ -33,7 +33,7 @@ class ModelSpec:
 class RuntimeSpec:
     dtype: str = "auto"
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = 512
     kv_cache_gib: float = 1.0
     max_model_len: int | None = None
     num_threads: int | None = None  # the replica shape on CPU: threads per replica

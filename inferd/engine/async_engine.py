@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from inferd.engine.engine import LLMEngine
+from inferd.engine.spec_decode import SpecStats
 from inferd.engine.request import EngineDeadError, EngineError, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ class EngineStats:
     prefix_cache_query_tokens: int
     prefix_cache_hit_tokens: int
     prefix_cache_evictions: int
+    spec: SpecStats | None = None  # speculative decoding, when on
 
 
 class AsyncEngine:
@@ -70,10 +72,11 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         s, b = self.engine.scheduler, self.engine.blocks
         return EngineStats(len(s.running), len(s.waiting), b.num_used_blocks, b.num_blocks, s.num_preemptions,
-                           b.num_query_tokens, b.num_hit_tokens, b.num_evictions)
+                           b.num_query_tokens, b.num_hit_tokens, b.num_evictions,
+                           self.engine.speculator.stats if self.engine.speculator else None)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       cache_namespace: str = "default") -> AsyncIterator[RequestOutput]:
+                       cache_namespace: str = "default", priority: int = 0) -> AsyncIterator[RequestOutput]:
         if self._error is not None:
             raise EngineDeadError(f"the engine stopped: {self._error}")
         self.engine.check_request(len(prompt_token_ids), params)
@@ -84,7 +87,7 @@ class AsyncEngine:
             raise EngineError(f"request id {request_id!r} is already in use")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        self._inbox.put(("add", (request_id, prompt_token_ids, params, cache_namespace, grammar)))
+        self._inbox.put(("add", (request_id, prompt_token_ids, params, cache_namespace, grammar, priority)))
         finished = False
         try:
             while not finished:

@@ -9,7 +9,8 @@ from inferd.engine.grammar import GrammarCompiler, GrammarMasker, accept_token
 from inferd.engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from inferd.engine.request import EngineError, RequestOutput, SamplingParams, TokenLogprob
 from inferd.engine.sampler import Sampler
-from inferd.engine.scheduler import Batch, Scheduler
+from inferd.engine.spec_decode import SpecConfig, Speculator
+from inferd.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from inferd.engine.sequence import Sequence
 from inferd.models.config import LoadedModel
 from inferd.models.llama import LlamaForCausalLM
@@ -80,6 +81,8 @@ class LLMEngine:
         self.grammars = GrammarCompiler(model.tokenizer, sorted(self.eos_token_ids))
         self.masker = GrammarMasker(self.grammars, mc.vocab_size)
         self.seqs: dict[str, Sequence] = {}
+        spec = SpecConfig(config.num_speculative_tokens)
+        self.speculator = Speculator(spec, self.blocks, self.max_model_len) if spec.num_draft_tokens else None
         log.info("engine: dtype=%s kv_blocks=%d block_size=%d max_model_len=%d prefix_caching=%s", self.dtype,
                  num_blocks, config.block_size, self.max_model_len, "on" if config.enable_prefix_caching else "off")
 
@@ -102,7 +105,7 @@ class LLMEngine:
         return min(self.max_model_len, self.kv_capacity_tokens)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    cache_namespace: str = "default", grammar=None) -> None:
+                    cache_namespace: str = "default", grammar=None, priority: int = 0) -> None:
         """cache_namespace: prefix-cache blocks are reused only by requests of the same namespace (a tenant).
         grammar: a matcher from self.grammars for params.response_format, made off this thread (AsyncEngine);
         made here if not given."""
@@ -114,6 +117,7 @@ class LLMEngine:
         stream = self.tokenizer.new_decode_stream(params.skip_special_tokens)
         seq = Sequence(request_id, prompt_token_ids, params, stream, cache_namespace,
                        self._public_prefix_len(prompt_token_ids), grammar)
+        seq.priority = priority
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -135,20 +139,34 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
+        if batch.seqs and self.speculator is not None:
+            self.speculator.draft(batch)
         return self.run_batch(batch) if batch.seqs else []
 
     def run_batch(self, batch: Batch) -> list[RequestOutput]:
-        sampling = [item.seq for item in batch.seqs if item.samples]
+        sampling = [item.seq for item in batch.seqs if item.samples and not item.draft]
         masks = self.masker.start(sampling)  # grammar masks, computed while the forward runs
         logits = self.runner.run(batch)
+        logits, verifying = _split_verifications(batch, logits)
         for item in batch.seqs:
-            item.seq.num_computed_tokens += item.num_tokens
-            self.blocks.cache_full_blocks(item.seq)
+            if not item.draft:
+                item.seq.num_computed_tokens += item.num_tokens
+                self.blocks.cache_full_blocks(item.seq)
         if masks is not None:
             masks.apply(logits)
         tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], [])
         now = time.monotonic()
-        return [self._append(seq, token, lp, now) for seq, token, lp in zip(sampling, tokens, logprobs)]
+        outputs = [self._append(seq, token, lp, now) for seq, token, lp in zip(sampling, tokens, logprobs)]
+        return outputs + [out for item, rows in verifying for out in self._verified(item, rows, now)]
+
+    def _verified(self, item: ScheduledSeq, rows: torch.Tensor, now: float) -> list[RequestOutput]:
+        outputs = []
+        for token in self.speculator.verify(item, rows, self.sampler.probs):
+            outputs.append(self._append(item.seq, token, None, now))
+            if item.seq.is_finished:
+                return outputs
+        self.blocks.cache_full_blocks(item.seq)
+        return outputs
 
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float) -> RequestOutput:
         seq.token_ids.append(token)
@@ -187,6 +205,24 @@ class LLMEngine:
         return RequestOutput(seq.request_id, text, token_ids, logprobs if seq.params.logprobs else None,
                              seq.is_finished, seq.finish_reason, seq.num_prompt_tokens, seq.num_output_tokens,
                              seq.first_token_time, queue_s, seq.num_cached_tokens)
+
+
+Verifying = list[tuple[ScheduledSeq, torch.Tensor]]
+
+
+def _split_verifications(batch: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, Verifying]:
+    """The one-row-per-sequence logits, and each verifying sequence with its 1 + k rows."""
+    if not any(item.draft for item in batch.seqs):
+        return logits, []
+    plain, verifying, row = [], [], 0
+    for item in (i for i in batch.seqs if i.samples):
+        n = 1 + len(item.draft or [])
+        if item.draft:
+            verifying.append((item, logits[row:row + n]))
+        else:
+            plain.append(row)
+        row += n
+    return logits[plain], verifying
 
 
 def _cut_at_stop(seq: Sequence, new_from: int) -> bool:

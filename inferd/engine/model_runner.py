@@ -21,14 +21,17 @@ class ModelRunner:
         self.kv_cache = torch.zeros(c.num_layers, 2, num_slots, c.num_kv_heads, c.head_dim, dtype=dtype)
 
     def run(self, batch: Batch) -> torch.Tensor:
-        """Returns fp32 logits, one row per scheduled sequence that samples this step, in batch order."""
+        """Returns fp32 logits, one row per scheduled sequence that samples this step (1 + k rows for one
+        verifying k drafts), in batch order."""
         input_ids, positions, slots, logits_rows = [], [], [], []
         for item in batch.seqs:
             seq, start = item.seq, item.seq.num_computed_tokens
             input_ids += seq.token_ids[start:start + item.num_tokens]
             positions += range(start, start + item.num_tokens)
             slots += (self.blocks.slot(seq, p) for p in range(start, start + item.num_tokens))
-            if item.samples:
+            if item.draft:  # a verification: logits after the last token and after each draft
+                logits_rows += range(len(input_ids) - len(item.draft) - 1, len(input_ids))
+            elif item.samples:
                 logits_rows.append(len(input_ids) - 1)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots),

@@ -31,6 +31,11 @@ class Sampler:
         tokens = tokens.tolist()
         return tokens, [_entry(lp, t) if lp is not None else None for lp, t in zip(logprobs, tokens)]
 
+    def probs(self, logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+        """The distribution one sampled request draws from at each row: temperature, then top-k/top-p."""
+        logits = _top_k_top_p(logits / seq.params.temperature, [seq] * logits.shape[0])
+        return logits.softmax(dim=-1)
+
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         temperature = torch.tensor([s.params.temperature for s in seqs]).unsqueeze(1)
         logits = _top_k_top_p(logits / temperature, seqs)

@@ -11,6 +11,7 @@ from inferd.engine.sequence import Sequence, Status
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # tokens computed for it this step
+    draft: list[int] | None = None  # speculative tokens at the end of those (verified by this step's logits)
 
     @property
     def samples(self) -> bool:
@@ -43,13 +44,24 @@ class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.by_priority = config.scheduling_policy == "priority"
         self.blocks = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._wait(seq, front=False)
+
+    def _wait(self, seq: Sequence, front: bool) -> None:
+        """FCFS: to the back (a preempted sequence to the front). Priority: behind its betters and equals
+        (a preempted one ahead of its equals), so a lower class never passes a higher one."""
+        if not self.by_priority:
+            self.waiting.appendleft(seq) if front else self.waiting.append(seq)
+            return
+        ahead = (lambda w: w.priority < seq.priority) if front else (lambda w: w.priority <= seq.priority)
+        index = next((i for i, w in enumerate(self.waiting) if not ahead(w)), len(self.waiting))
+        self.waiting.insert(index, seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -57,13 +69,14 @@ class Scheduler:
     def schedule(self) -> Batch:
         batch = Batch([], [])
         budget = self.max_num_batched_tokens
+        self._make_room_for_next()
         budget, preempted = self._schedule_running(batch, budget)
         if not preempted:
             self._schedule_waiting(batch, budget)
         return batch
 
     def _schedule_running(self, batch: Batch, budget: int) -> tuple[int, bool]:
-        queue = deque(sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1))  # decodes first, stable
+        queue = deque(sorted(self.running, key=self._running_order))  # stable: oldest first within a key
         kept, preempted = deque(), False
         while queue and budget > 0:
             seq = queue.popleft()
@@ -82,6 +95,10 @@ class Scheduler:
         kept.extend(queue)  # over budget this step, still running
         self.running = deque(sorted(kept, key=lambda s: s.arrival_time))
         return budget, preempted
+
+    def _running_order(self, seq: Sequence) -> tuple[int, bool]:
+        """Decodes before prompt chunks (higher classes first by priority); preemption takes from the end."""
+        return (seq.priority if self.by_priority else 0), seq.num_uncomputed_tokens > 1
 
     def _schedule_waiting(self, batch: Batch, budget: int) -> None:
         """Starts waiting sequences at their longest cached prefix; the rest is computed in prompt chunks."""
@@ -103,11 +120,28 @@ class Scheduler:
             batch.prefills.append(ScheduledSeq(seq, n))
             budget -= n
 
+    def _make_room_for_next(self) -> None:
+        """Priority policy: when the next waiting sequence cannot get its blocks, preempt running sequences
+        of lower classes (the newest first) until it can; done before this step schedules any of them."""
+        if not (self.by_priority and self.waiting and len(self.running) < self.max_num_seqs):
+            return
+        seq = self.waiting[0]
+        prefix = self.blocks.cached_prefix(seq)
+        start = len(prefix) * self.blocks.block_size
+        need = start + min(len(seq) - start, self.max_num_batched_tokens)
+        while not self.blocks.can_admit(seq, need, prefix):
+            lower = [r for r in self.running if r.priority > seq.priority]
+            if not lower:
+                return
+            victim = max(lower, key=lambda r: (r.priority, r.arrival_time))
+            self.running.remove(victim)
+            self._preempt(victim)
+
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        self._wait(seq, front=True)
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:

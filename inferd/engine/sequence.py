@@ -32,6 +32,7 @@ class Sequence:
         self.num_offered_blocks = 0  # leading blocks of block_table already offered to the prefix cache
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache when first scheduled
         self.arrival_time = time.monotonic()
+        self.priority = 0  # scheduling class: 0 interactive, 1 batch (lower runs first under the priority policy)
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None

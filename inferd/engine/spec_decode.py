@@ -7,9 +7,13 @@ model agrees with it, by the rule that leaves the output distribution unchanged 
 (the draft is a point mass, q = 1), and on the first rejection the token is drawn from p with the
 draft removed. One more token (the "bonus") always comes from the model, so a step yields 1 to k + 1.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from inferd.engine.block_manager import BlockManager
+from inferd.engine.scheduler import Batch, ScheduledSeq
+from inferd.engine.sequence import Sequence
 
 
 @dataclass(slots=True)
@@ -21,6 +25,60 @@ class SpecConfig:
     def __post_init__(self):
         if self.num_draft_tokens < 0 or not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("num_draft_tokens must be >= 0 and 1 <= ngram_min <= ngram_max")
+
+
+@dataclass(slots=True)
+class SpecStats:
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)  # drafts accepted at position 1, 2, ...
+
+
+class Speculator:
+    """Adds prompt-lookup drafts to a scheduled batch, then turns verified logits into the kept tokens."""
+
+    def __init__(self, config: SpecConfig, blocks: BlockManager, max_model_len: int):
+        self.config = config
+        self.blocks = blocks
+        self.max_model_len = max_model_len
+        self.stats = SpecStats(accepted_by_position=[0] * config.num_draft_tokens)
+
+    def draft(self, batch: Batch) -> None:
+        """Decodes with a draft become chunks of 1 + k tokens (their drafts appended to token_ids for now)."""
+        keep = []
+        for item in batch.decodes:
+            draft = self._proposal(item.seq)
+            end = item.seq.num_computed_tokens + 1 + len(draft)
+            if draft and self.blocks.can_allocate(item.seq, end):
+                self.blocks.allocate(item.seq, end)
+                item.seq.token_ids.extend(draft)
+                item.num_tokens, item.draft = 1 + len(draft), draft
+                batch.prefills.append(item)
+            else:
+                keep.append(item)
+        batch.decodes = keep
+
+    def _proposal(self, seq: Sequence) -> list[int]:
+        p = seq.params
+        if p.logprobs or p.presence_penalty or p.frequency_penalty or getattr(seq, "grammar", None) is not None:
+            return []
+        room = min(p.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq)) - 1  # the bonus token
+        k = min(self.config.num_draft_tokens, room)
+        return propose(seq.token_ids, k, self.config.ngram_max, self.config.ngram_min) if k > 0 else []
+
+    def verify(self, item: ScheduledSeq, logits: torch.Tensor, probs) -> list[int]:
+        """Rolls the drafts back out of the sequence and returns the tokens to append (1 to k + 1)."""
+        seq, draft = item.seq, item.draft
+        del seq.token_ids[len(seq.token_ids) - len(draft):]
+        kept = accept_greedy(logits, draft) if seq.params.greedy else accept_sampled(
+            probs(logits, seq), draft, seq.generator)
+        accepted = len(kept) - 1
+        seq.num_computed_tokens += 1 + accepted  # KV of the last token and of the accepted drafts is right
+        self.stats.draft_tokens += len(draft)
+        self.stats.accepted_tokens += accepted
+        for i in range(accepted):
+            self.stats.accepted_by_position[i] += 1
+        return kept
 
 
 def propose(tokens: list[int], k: int, ngram_max: int, ngram_min: int, search_window: int = 4096) -> list[int]:

@@ -19,6 +19,7 @@ from inferd.telemetry.metrics import ServerMetrics, metrics_route
 log = logging.getLogger(__name__)
 
 READINESS_PROMPT = "Hello"
+PRIORITY_HEADER = "x-inferd-priority"  # set by the gateway: interactive (default) or batch
 CACHE_NAMESPACE_HEADER = "x-inferd-cache-namespace"  # set by the gateway to the tenant id; absent: "default"
 
 
@@ -51,8 +52,8 @@ class EngineBackend:
                               digests=dict(model.digests))
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 cache_namespace: str = "default") -> AsyncIterator[RequestOutput]:
-        return self.engine.generate(request_id, prompt_token_ids, params, cache_namespace)
+                 cache_namespace: str = "default", priority: int = 0) -> AsyncIterator[RequestOutput]:
+        return self.engine.generate(request_id, prompt_token_ids, params, cache_namespace, priority)
 
 
 # app
@@ -64,7 +65,8 @@ def build_replica_app(engine: AsyncEngine, model: LoadedModel, config: ReplicaCo
     routes = [Route("/health", _health, methods=["GET"]),
               Route("/ready", _ready_endpoint(engine, readiness), methods=["GET"]),
               metrics_route(metrics)]
-    api_config = APIConfig(api_key=config.api_key, cache_namespace_header=CACHE_NAMESPACE_HEADER)
+    api_config = APIConfig(api_key=config.api_key, cache_namespace_header=CACHE_NAMESPACE_HEADER,
+                           priority_header=PRIORITY_HEADER)
     return create_app(backend, api_config, metrics=metrics, extra_routes=routes,
                       lifespan=_lifespan(engine, backend, readiness, config.url))
 

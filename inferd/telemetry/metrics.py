@@ -54,6 +54,20 @@ class EngineCollector:
                                   "computed).", s.prefix_cache_hit_tokens)
         yield CounterMetricFamily("inferd_prefix_cache_evictions", "Cached KV blocks evicted for reuse.",
                                   s.prefix_cache_evictions)
+        spec = getattr(s, "spec", None)
+        if spec is not None:
+            yield from _spec_metrics(spec)
+
+
+def _spec_metrics(spec) -> Iterator[Metric]:
+    yield CounterMetricFamily("inferd_spec_decode_draft_tokens", "Speculative tokens proposed.", spec.draft_tokens)
+    yield CounterMetricFamily("inferd_spec_decode_accepted_tokens", "Speculative tokens accepted.",
+                              spec.accepted_tokens)
+    by_position = CounterMetricFamily("inferd_spec_decode_accepted_by_position", "Drafts accepted at each "
+                                      "position (1 = first draft).", labels=["position"])
+    for i, n in enumerate(spec.accepted_by_position):
+        by_position.add_metric([str(i + 1)], n)
+    yield by_position
 
 
 # request metrics

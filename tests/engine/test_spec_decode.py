@@ -1,6 +1,8 @@
 import torch
 
+from inferd.engine.request import SamplingParams
 from inferd.engine.spec_decode import accept_greedy, accept_sampled, propose
+from tests.engine.test_engine import assert_no_leak, make_engine
 
 
 def test_prompt_lookup_copies_what_followed_the_latest_ngram():
@@ -32,3 +34,47 @@ def test_sampled_acceptance_keeps_the_target_distribution():
         for _ in range(20000):
             counts[accept_sampled(probs, draft, g)[0]] += 1
         assert torch.allclose(counts / counts.sum(), p, atol=0.015), (draft, counts / counts.sum())
+
+
+# in the engine
+
+def generate(engine, prompts: list[list[int]], params: SamplingParams) -> dict[str, list[int]]:
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, params)
+    out = {f"r{i}": [] for i in range(len(prompts))}
+    while engine.has_work():
+        for o in engine.step():
+            out[o.request_id] += o.token_ids
+    assert_no_leak(engine)
+    return out
+
+
+def repetitive(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    motif = torch.randint(3, 384, (6,), generator=g).tolist()
+    return (motif * (n // 6 + 1))[:n]
+
+
+def test_greedy_output_is_identical_with_speculation():
+    prompts = [repetitive(40, s) for s in range(6)] + [torch.randint(3, 384, (17,)).tolist()]
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    plain = generate(make_engine(), prompts, params)
+    engine = make_engine(num_speculative_tokens=4)
+    assert generate(engine, prompts, params) == plain
+    stats = engine.speculator.stats
+    assert stats.draft_tokens > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
+
+
+def test_speculation_respects_max_tokens_and_small_pools():
+    prompts = [repetitive(30, s) for s in range(4)]
+    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True)
+    plain = generate(make_engine(num_kv_blocks=24, block_size=4), prompts, params)
+    spec = generate(make_engine(num_kv_blocks=24, block_size=4, num_speculative_tokens=5), prompts, params)
+    assert spec == plain and all(len(t) == 9 for t in spec.values())
+
+
+def test_sampled_requests_run_with_speculation():
+    prompts = [repetitive(30, s) for s in range(3)]
+    out = generate(make_engine(num_speculative_tokens=3), prompts,
+                   SamplingParams(max_tokens=20, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True))
+    assert all(len(t) == 20 for t in out.values())

@@ -1,0 +1,56 @@
+"""Scheduling policies: FCFS, and priority classes with preemption of lower classes when blocks run out."""
+from collections import defaultdict
+
+from inferd.engine.request import SamplingParams
+from tests.engine.test_engine import assert_no_leak, greedy, make_engine, prompts
+
+INTERACTIVE, BATCH = 0, 1
+
+
+def first_scheduled(policy: str) -> list[str]:
+    engine = make_engine(scheduling_policy=policy, max_num_seqs=1)
+    ps = prompts(3, seed=3)
+    engine.add_request("batch-a", ps[0], greedy(2), priority=BATCH)
+    engine.add_request("batch-b", ps[1], greedy(2), priority=BATCH)
+    engine.add_request("inter", ps[2], greedy(2), priority=INTERACTIVE)
+    order = []
+    while engine.has_work():
+        for out in engine.step():
+            if out.finished:
+                order.append(out.request_id)
+    assert_no_leak(engine)
+    return order
+
+
+def test_priority_runs_a_higher_class_first_fcfs_does_not():
+    assert first_scheduled("priority") == ["inter", "batch-a", "batch-b"]
+    assert first_scheduled("fcfs") == ["batch-a", "batch-b", "inter"]
+
+
+def outputs(engine, requests: dict[str, tuple[list[int], SamplingParams, int]]) -> dict[str, list[int]]:
+    tokens, first_at = defaultdict(list), {}
+    for rid, (ids, params, priority) in requests.items():
+        engine.add_request(rid, ids, params, priority=priority)
+    step = 0
+    while engine.has_work():
+        step += 1
+        for out in engine.step():
+            tokens[out.request_id] += out.token_ids
+            first_at.setdefault(out.request_id, step)  # the step of its first token
+    assert_no_leak(engine)
+    return tokens, first_at
+
+
+def test_an_interactive_request_preempts_batch_work_when_blocks_run_out():
+    ps = prompts(3, seed=5)
+    long = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    alone = {rid: outputs(make_engine(), {rid: (ps[i], long, 0)})[0][rid] for i, rid in enumerate(["b1", "b2", "i"])}
+    engine = make_engine(num_kv_blocks=40, block_size=4)  # 160 slots: the two batch requests fill them
+    engine.add_request("b1", ps[0], long, priority=BATCH)
+    engine.add_request("b2", ps[1], long, priority=BATCH)
+    for _ in range(30):
+        engine.step()  # b1 and b2 hold most blocks now
+    tokens, first_at = outputs(engine, {"i": (ps[2], long, INTERACTIVE)})
+    assert engine.scheduler.num_preemptions >= 1
+    assert tokens["i"] == alone["i"]  # recomputed sequences and the interactive one: same greedy tokens
+    assert first_at["i"] == 1  # its first token came in the very next step: batch work made room
