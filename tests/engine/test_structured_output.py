@@ -110,6 +110,14 @@ def test_seeded_constrained_sampling_is_reproducible_under_preemption():
     assert all(jsonschema.validate(json.loads(t), SCHEMA) is None for t in text.values())
 
 
+def test_constrained_sequences_are_not_drafted_by_speculative_decoding():
+    reqs = {f"c{i}": (prompt(i), constrained(SCHEMA, temperature=0.0)) for i in range(3)}
+    reqs |= {"f": (prompt(9) * 3, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))}
+    plain, _, _ = run(engine(), reqs)
+    spec, text, finish = run(engine(num_speculative_tokens=4), reqs)
+    assert spec == plain and all(finish[f"c{i}"] == "stop" for i in range(3))
+
+
 def test_abort_mid_json_frees_everything():
     e = make_engine()  # the default whitespace
     e.add_request("a", prompt(0), constrained(SCHEMA, temperature=1.0, seed=0))
