@@ -134,7 +134,7 @@ def main() -> None:
     model = load_model(args.model, progress=False)
     engine = LLMEngine(model, EngineConfig(dtype=args.dtype, max_num_seqs=max(batches),
                                            max_num_batched_tokens=max(batches) * PROMPT_LEN,
-                                           kv_cache_gib=2.0))
+                                           kv_cache_gib=2.0, enable_prefix_caching=False))  # repeats must not hit the cache
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
               "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "python": platform.python_version(),
                           "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()},

@@ -101,7 +101,7 @@ class OpenAIRoutes:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def chat_completions(self, request: Request) -> Response:
-        body = ChatCompletionRequest.model_validate(await _read_json(request, self.config.max_body_bytes))
+        body = ChatCompletionRequest.model_validate(await read_json(request, self.config.max_body_bytes))
         self._check_model(body.model)
         text = self.backend.tokenizer.apply_chat_template(body.template_messages(), add_generation_prompt=True)
         prompt = self.backend.tokenizer.encode(text, add_special_tokens=False)
@@ -109,12 +109,12 @@ class OpenAIRoutes:
         meta = self._meta("chatcmpl", request)
         if body.stream:
             return await self._stream(request, self._chat_events(meta, body, jobs, [len(prompt)]))
-        results = await _unless_disconnected(request, self._collect(jobs))
+        results = await unless_disconnected(request, self._collect(jobs))
         return JSONResponse(chat_response(meta, results, _usage([len(prompt)], results), self._token_bytes,
                                           bool(body.logprobs)))
 
     async def completions(self, request: Request) -> Response:
-        body = CompletionRequest.model_validate(await _read_json(request, self.config.max_body_bytes))
+        body = CompletionRequest.model_validate(await read_json(request, self.config.max_body_bytes))
         self._check_model(body.model)
         prompts = [self._prompt_ids(p) for p in body.prompts()]
         jobs = self._jobs(request, body, prompts)
@@ -122,7 +122,7 @@ class OpenAIRoutes:
         lens = [len(p) for p in prompts]
         if body.stream:
             return await self._stream(request, self._completion_events(meta, body, jobs, lens))
-        results = await _unless_disconnected(request, self._collect(jobs))
+        results = await unless_disconnected(request, self._collect(jobs))
         return JSONResponse(completion_response(meta, results, _usage(lens, results), self._token_bytes,
                                                 body.logprobs is not None))
 
@@ -223,7 +223,7 @@ class OpenAIRoutes:
     async def _stream(self, request: Request, events: AsyncGenerator[bytes, None]) -> Response:
         """Wait for the first event, so that a request failing before any output gets a real status code."""
         try:
-            first = await _unless_disconnected(request, anext(events))
+            first = await unless_disconnected(request, anext(events))
         except BaseException:
             await events.aclose()
             raise
@@ -276,7 +276,7 @@ def create_app(backend: TextBackend, config: APIConfig, *, metrics: ServerMetric
                      exception_handlers={HTTPException: http_exception_handler}, lifespan=lifespan)
 
 
-async def _read_json(request: Request, max_body_bytes: int) -> Any:
+async def read_json(request: Request, max_body_bytes: int) -> Any:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -311,7 +311,7 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Runs work; cancels it and raises ClientClosedRequest if the client goes away first."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.create_task(_wait_for_disconnect(request))

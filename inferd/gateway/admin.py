@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from inferd.api.app import _read_json
+from inferd.api.app import read_json
 from inferd.api.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
 from inferd.gateway.policy import PolicyError, TenantPolicy
 from inferd.gateway.store import StoreError
@@ -101,7 +101,7 @@ class Admin:
             raise AuthenticationFailed("Incorrect admin key.", code="invalid_admin_key")
 
     async def _body(self, request: Request, allowed: set[str]) -> dict[str, Any]:
-        body = await _read_json(request, 1 << 20)
+        body = await read_json(request, 1 << 20)
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object")
         unknown = set(body) - allowed

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from inferd.api.app import _read_json, _unless_disconnected
+from inferd.api.app import read_json, unless_disconnected
 from inferd.api.errors import ClientClosedRequest, InvalidRequest, ModelNotFound, PermissionDenied, to_api_error
 from inferd.api.middleware import RequestContextMiddleware, http_exception_handler
 from inferd.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
@@ -160,7 +160,7 @@ class GatewayRoutes:
         try:
             with gw.tracer.start_as_current_span("auth", context=trace.set_span_in_context(span)):
                 key = await gw.keys.authenticate(request.headers.get("authorization"))
-            raw = await _read_json(request, gw.config.max_body_bytes)
+            raw = await read_json(request, gw.config.max_body_bytes)
             body = body_type.model_validate(raw)
             deployment = self._deployment(key, body.model)
             span.update_name(f"{operation} {deployment.name}")
@@ -172,7 +172,7 @@ class GatewayRoutes:
             self._refused(state, key, exc, span)
             raise
         try:  # a client that leaves while its request waits or runs cancels it, streaming or not
-            return await _unless_disconnected(request, self._run(call, plan, path, upstream_body, usage_mode(body)))
+            return await unless_disconnected(request, self._run(call, plan, path, upstream_body, usage_mode(body)))
         except ClientClosedRequest:
             await call.finish("cancelled", 499, ClientClosedRequest.code)
             raise

@@ -81,7 +81,7 @@ class MemoryLimiter:
         rid = new_reservation_id()
         states = [self._state(c) for c in charges]
         for c, s in zip(charges, states):
-            retry = _retry_after_s(c, s, self._wall())
+            retry = retry_after_s(c, s, self._wall())
             if retry != 0.0:
                 raise RateLimited(c, retry, states)
         for c in charges:
@@ -127,7 +127,7 @@ class MemoryLimiter:
             self._leases.setdefault(c.key, set()).add(rid)
 
 
-def _retry_after_s(c: Charge, s: BucketState, now_unix_s: float) -> float | None:
+def retry_after_s(c: Charge, s: BucketState, now_unix_s: float) -> float | None:
     """0.0 when the charge fits now; else seconds until it could, None if it never can."""
     if c.amount <= s.remaining + 1e-9:
         return 0.0

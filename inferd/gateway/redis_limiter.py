@@ -7,7 +7,7 @@ import time
 from redis.asyncio import Redis
 
 from inferd.gateway.limits import (CONCURRENCY_LEASE_S, BucketState, Charge, RateLimited, Reservation,
-                                   _retry_after_s, after_reserve, new_reservation_id)
+                                   after_reserve, new_reservation_id, retry_after_s)
 
 PREFIX = "inferd:limit:"
 
@@ -97,7 +97,7 @@ class RedisLimiter:
         states = [BucketState(c, float(raw[1 + 2 * i]), float(raw[2 + 2 * i])) for i, c in enumerate(charges)]
         if fail:
             c = charges[fail - 1]
-            raise RateLimited(c, _retry_after_s(c, states[fail - 1], time.time()), states)
+            raise RateLimited(c, retry_after_s(c, states[fail - 1], time.time()), states)
         return Reservation(rid, charges, after_reserve(states))
 
     async def settle(self, reservation: Reservation, actual: dict[str, float]) -> None:

@@ -53,9 +53,9 @@ class Router:
         elif policy == "least_loaded":
             chosen = min(candidates, key=lambda r: self._load(r, candidates))
         else:
-            chosen = self._by_affinity(candidates, prefix_hashes(namespace, prompt_ids, self.config.block_size))
-        if policy == "prefix":
-            self.index.add(chosen.name, prefix_hashes(namespace, prompt_ids, self.config.block_size))
+            hashes = prefix_hashes(namespace, prompt_ids, self.config.block_size)
+            chosen = self._by_affinity(candidates, hashes)
+            self.index.add(chosen.name, hashes)
         return chosen
 
     def _by_affinity(self, candidates: list[Replica], hashes: list[bytes]) -> Replica:
