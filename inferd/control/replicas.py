@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 
@@ -28,6 +29,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+class ReplicaHandle(Protocol):
+    """One replica wherever it is placed (a local process, a Ray actor): what the control plane needs of it."""
+    url: str  # its OpenAI-compatible base URL (without /v1)
+    api_key: str
+
+    def start(self) -> None: ...
+    def wait_ready(self, timeout_s: float = 900.0) -> None: ...  # raises if it dies or times out
+    def alive(self) -> bool: ...  # False once its process (or actor) has exited
+    def stop(self, timeout_s: float = 15.0) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -62,6 +74,9 @@ class ReplicaProcess:
                 pass
             time.sleep(0.25)
         raise RuntimeError(f"replica on {self.url} not ready after {timeout_s:.0f} s")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

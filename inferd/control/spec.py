@@ -49,14 +49,82 @@ class ExternalSpec:
     max_model_len: int = 8192
 
 
+PLACEMENTS = ("local", "ray")
+ROLES = ("stable", "canary")
+DEGRADE_ACTIONS = ("reject_late", "cap_max_tokens", "route")
+
+
+@dataclass(slots=True)
+class PlacementSpec:
+    backend: str = "local"  # local processes, or Ray actors on any node of a Ray cluster
+    ray_address: str | None = None  # ray.init(address=...); None: the cluster RAY_ADDRESS names, else a local one
+    num_cpus: float = 1.0  # Ray resources one replica reserves
+    num_gpus: float = 0.0
+
+
+@dataclass(slots=True)
+class AutoscalingSpec:
+    """Replicas between min and max, from queue age, waiting tokens, KV usage and TTFT against its target."""
+    min_replicas: int = 1
+    max_replicas: int = 1
+    scale_to_zero: bool = False  # min_replicas 0 is allowed only with this; the first request then waits
+    target_ttft_ms: float | None = None  # the SLO: TTFT p95 over the window
+    target_queue_age_ms: float = 2000.0
+    max_waiting_tokens_per_replica: int = 8192
+    max_kv_usage: float = 0.9
+    upscale_delay_s: float = 5.0  # a signal must hold this long before a replica is added
+    downscale_delay_s: float = 60.0  # and this long (idle enough) before one is drained
+    max_replica_hours_per_hour: float | None = None  # cost ceiling: average replicas over the last hour
+    drain_timeout_s: float = 30.0  # running streams get this long to finish when a replica is stopped
+    window_s: float = 30.0  # the window TTFT p95 is computed over
+    interval_s: float = 1.0
+
+
+@dataclass(slots=True)
+class RolloutSpec:
+    """How a canary version is judged against the stable one over a window."""
+    weight: float = 0.1  # share of the name's traffic the canary takes once started
+    window_s: float = 60.0
+    min_requests: int = 20  # canary requests needed before a decision
+    max_error_rate_increase: float = 0.02
+    max_ttft_p95_ratio: float = 1.5
+    max_tpot_p95_ratio: float = 1.5
+    max_cost_ratio: float = 1.25  # cost per request, canary / stable
+    probes: str | None = None  # a JSONL probe set: {"messages": [...], "expect": "regex"} per line
+    min_probe_score: float = 1.0  # share of probes the canary must pass
+    auto: bool = True  # promote or roll back by these rules without an operator
+
+
+@dataclass(slots=True)
+class DegradationStep:
+    action: str  # reject_late | cap_max_tokens | route
+    max_tokens: int | None = None  # cap_max_tokens: the cap
+    priority_class: str | None = None  # route: requests of this class (None: all)
+    to: str | None = None  # route: the (smaller) deployment that takes them
+
+
+@dataclass(slots=True)
+class DegradationSpec:
+    """Under sustained overload, climb these steps in order; each degraded response says so."""
+    steps: list[DegradationStep]
+    overload_queue_age_ms: float = 2000.0  # overloaded: the oldest queued request is this old ...
+    sustain_s: float = 5.0  # ... for this long; each further sustain_s climbs one more step
+
+
 @dataclass(slots=True)
 class DeploymentSpec:
     name: str
     version: str = "v1"
+    role: str = "stable"  # or "canary": a second version of a stable deployment's name
     model: ModelSpec | None = None
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
-    replicas: int = 1
+    replicas: int = 1  # replicas at start (within autoscaling's min and max when it is set)
+    placement: PlacementSpec = field(default_factory=PlacementSpec)
+    autoscaling: AutoscalingSpec | None = None
+    rollout: RolloutSpec | None = None  # on a canary: how it is judged
     external: ExternalSpec | None = None
+    fallbacks: list[str] = field(default_factory=list)  # deployments that take a request this one fails
+    degradation: DegradationSpec | None = None
     price: ModelPrice = field(default_factory=ModelPrice)
     queue: QueueConfig | None = None
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -127,22 +195,98 @@ def _at(where: str, name: str) -> str:
 def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
     if not spec.deployments:
         raise SpecError("deployments: at least one is needed")
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
+    stable = {d.name for d in spec.deployments if d.role == "stable"}
     for i, d in enumerate(spec.deployments):
         where = f"deployments[{i}]"
-        if d.name in seen:
-            raise SpecError(f"{where}.name: '{d.name}' is declared twice")
-        seen.add(d.name)
+        if d.role not in ROLES:
+            raise SpecError(f"{where}.role: must be one of {', '.join(ROLES)}")
+        if (d.name, d.role) in seen:
+            raise SpecError(f"{where}.name: '{d.name}' has two {d.role} versions")
+        seen.add((d.name, d.role))
+        if d.role == "canary":
+            _check_canary(spec, d, where)
+        elif d.rollout is not None:
+            raise SpecError(f"{where}.rollout: only a canary (role: canary) has a rollout policy")
+        for j, name in enumerate(d.fallbacks):
+            if name not in stable or name == d.name:
+                raise SpecError(f"{where}.fallbacks[{j}]: '{name}' is not another deployment of this file")
+        if d.degradation is not None:
+            _check_degradation(d.degradation, stable - {d.name}, f"{where}.degradation")
         if (d.model is None) == (d.external is None):
             raise SpecError(f"{where}: give exactly one of model (local replicas) and external (a base URL)")
         if d.external is not None:
             _check_external(d.external, f"{where}.external")
+            if d.autoscaling is not None:
+                raise SpecError(f"{where}.autoscaling: an external deployment has no replicas to scale")
             continue
         _check_runtime(d.runtime, f"{where}.runtime")
-        if d.replicas < 1:
-            raise SpecError(f"{where}.replicas: must be at least 1")
+        _check_replicas(d, where)
+        if d.placement.backend not in PLACEMENTS:
+            raise SpecError(f"{where}.placement.backend: must be one of {', '.join(PLACEMENTS)}")
+        if d.placement.num_cpus <= 0 or d.placement.num_gpus < 0:
+            raise SpecError(f"{where}.placement: num_cpus must be above 0 and num_gpus at least 0")
         if verify_digests:
             _check_digest(d.model, f"{where}.model")
+
+
+def _check_canary(spec: ServiceSpec, d: DeploymentSpec, where: str) -> None:
+    stable = next((s for s in spec.deployments if s.name == d.name and s.role == "stable"), None)
+    if stable is None:
+        raise SpecError(f"{where}.role: a canary needs a stable deployment named '{d.name}'")
+    if stable.version == d.version:
+        raise SpecError(f"{where}.version: the canary must differ from the stable version '{d.version}'")
+    r = d.rollout
+    if r is None:
+        return
+    if not 0 < r.weight < 1:
+        raise SpecError(f"{where}.rollout.weight: must be between 0 and 1 (exclusive)")
+    if r.window_s <= 0 or r.min_requests < 1:
+        raise SpecError(f"{where}.rollout: window_s must be above 0 and min_requests at least 1")
+    if r.probes is not None and not Path(r.probes).expanduser().is_file():
+        raise SpecError(f"{where}.rollout.probes: {r.probes} is not a file")
+    if not 0 <= r.min_probe_score <= 1:
+        raise SpecError(f"{where}.rollout.min_probe_score: must be between 0 and 1")
+
+
+def _check_replicas(d: DeploymentSpec, where: str) -> None:
+    a = d.autoscaling
+    if a is None:
+        if d.replicas < 1:
+            raise SpecError(f"{where}.replicas: must be at least 1")
+        return
+    if a.min_replicas < 0 or a.max_replicas < max(a.min_replicas, 1):
+        raise SpecError(f"{where}.autoscaling: need 0 <= min_replicas <= max_replicas and max_replicas >= 1")
+    if a.min_replicas == 0 and not a.scale_to_zero:
+        raise SpecError(f"{where}.autoscaling.min_replicas: 0 needs scale_to_zero: true")
+    if not a.min_replicas <= d.replicas <= a.max_replicas:
+        raise SpecError(f"{where}.replicas: {d.replicas} is outside autoscaling's "
+                        f"[{a.min_replicas}, {a.max_replicas}]")
+    for name in ("upscale_delay_s", "downscale_delay_s", "drain_timeout_s", "window_s", "interval_s"):
+        if getattr(a, name) < 0 or (name in ("window_s", "interval_s") and getattr(a, name) == 0):
+            raise SpecError(f"{where}.autoscaling.{name}: must be above 0")
+    if not 0 < a.max_kv_usage <= 1:
+        raise SpecError(f"{where}.autoscaling.max_kv_usage: must be in (0, 1]")
+    if a.max_replica_hours_per_hour is not None and a.max_replica_hours_per_hour < max(a.min_replicas, 1):
+        raise SpecError(f"{where}.autoscaling.max_replica_hours_per_hour: below min_replicas")
+
+
+def _check_degradation(g: DegradationSpec, others: set[str], where: str) -> None:
+    from inferd.gateway.policy import PRIORITY_CLASSES
+    if not g.steps:
+        raise SpecError(f"{where}.steps: at least one step is needed")
+    for i, step in enumerate(g.steps):
+        at = f"{where}.steps[{i}]"
+        if step.action not in DEGRADE_ACTIONS:
+            raise SpecError(f"{at}.action: must be one of {', '.join(DEGRADE_ACTIONS)}")
+        if step.action == "cap_max_tokens" and (step.max_tokens is None or step.max_tokens < 1):
+            raise SpecError(f"{at}.max_tokens: cap_max_tokens needs a cap of at least 1")
+        if step.action == "route" and step.to not in others:
+            raise SpecError(f"{at}.to: route needs another deployment of this file, got {step.to!r}")
+        if step.priority_class is not None and step.priority_class not in PRIORITY_CLASSES:
+            raise SpecError(f"{at}.priority_class: must be one of {', '.join(PRIORITY_CLASSES)}")
+    if g.overload_queue_age_ms <= 0 or g.sustain_s < 0:
+        raise SpecError(f"{where}: overload_queue_age_ms must be above 0 and sustain_s at least 0")
 
 
 def _check_runtime(r: RuntimeSpec, where: str) -> None:

@@ -45,6 +45,48 @@ def test_a_valid_spec_loads_into_plans(tmp_path, digest):
     assert len(plans[0].replicas) == 2 and plans[1].replicas == []
 
 
+CONTROL = GOOD + """
+  - name: smol
+    version: v2
+    role: canary
+    model: {{source: default}}
+    rollout: {{weight: 0.2, min_requests: 10}}
+  - name: tiny
+    model: {{source: default}}
+    autoscaling: {{min_replicas: 0, max_replicas: 3, scale_to_zero: true, target_ttft_ms: 800}}
+    replicas: 0
+    placement: {{backend: ray, num_cpus: 1}}
+    fallbacks: [hosted]
+    degradation:
+      steps: [{{action: reject_late}}, {{action: cap_max_tokens, max_tokens: 64}}, {{action: route, to: smol}}]
+"""
+
+
+def test_control_plane_fields_load(tmp_path, digest):
+    spec = load_spec(write(tmp_path, CONTROL.format(digest=digest)))
+    canary, tiny = spec.deployments[2], spec.deployments[3]
+    assert (canary.name, canary.role, canary.version, canary.rollout.weight) == ("smol", "canary", "v2", 0.2)
+    assert tiny.autoscaling.scale_to_zero and tiny.placement.backend == "ray" and tiny.fallbacks == ["hosted"]
+    assert [s.action for s in tiny.degradation.steps] == ["reject_late", "cap_max_tokens", "route"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("role: canary", "role: shadow"), r"deployments\[2\].role: must be one of"),
+    (("version: v2", "version: v1"), r"deployments\[2\].version: the canary must differ"),
+    (("weight: 0.2", "weight: 1.5"), r"deployments\[2\].rollout.weight: must be between 0 and 1"),
+    (("scale_to_zero: true, ", ""), r"deployments\[3\].autoscaling.min_replicas: 0 needs scale_to_zero"),
+    (("replicas: 0\n", "replicas: 4\n"), r"deployments\[3\].replicas: 4 is outside"),
+    (("backend: ray", "backend: k8s"), r"deployments\[3\].placement.backend: must be one of"),
+    (("fallbacks: [hosted]", "fallbacks: [nowhere]"), r"deployments\[3\].fallbacks\[0\]: 'nowhere' is not"),
+    (("max_tokens: 64", "max_tokens: 0"), r"deployments\[3\].degradation.steps\[1\].max_tokens"),
+    (("to: smol", "to: tiny"), r"deployments\[3\].degradation.steps\[2\].to: route needs another"),
+    (("target_ttft_ms: 800", "target_ttft: 800"), r"deployments\[3\].autoscaling.target_ttft: unknown field"),
+])
+def test_control_plane_errors_name_the_field(tmp_path, digest, edit, message):
+    with pytest.raises(SpecError, match=message):
+        load_spec(write(tmp_path, CONTROL.format(digest=digest).replace(*edit)))
+
+
 @pytest.mark.parametrize("edit, message", [
     (("max_num_seqs: 8", "max_num_seqs: 8, max_seqs: 3"), "deployments[0].runtime.max_seqs: unknown field"),
     (("max_num_seqs: 8", "max_num_seqs: eight"), "deployments[0].runtime.max_num_seqs: expected int"),
@@ -52,7 +94,7 @@ def test_a_valid_spec_loads_into_plans(tmp_path, digest):
     (("num_threads: 1", "num_threads: 512"), "deployments[0].runtime.num_threads: 512 threads"),
     (("replicas: 2", "replicas: 0"), "deployments[0].replicas: must be at least 1"),
     (("policy: least_loaded", "policy: random"), "deployments[0].router: router policy must be one of"),
-    (("name: hosted", "name: smol"), "deployments[1].name: 'smol' is declared twice"),
+    (("name: hosted", "name: smol"), "deployments[1].name: 'smol' has two stable versions"),
     (("model: gpt-4o-mini}", "model: gpt-4o-mini, api_key_env: INFERD_NO_SUCH_VAR}"),
      "deployments[1].external.api_key_env: $INFERD_NO_SUCH_VAR is not set"),
 ])
