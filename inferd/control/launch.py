@@ -3,6 +3,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from inferd.control.placement import make_replica
 from inferd.control.replicas import ReplicaProcess
 from inferd.control.spec import DeploymentSpec, ServiceSpec
 from inferd.gateway.admission import QueueConfig
@@ -22,7 +23,7 @@ def local_plans(args: argparse.Namespace, replica_args: list[str]) -> list[Deplo
 
 
 def spec_plans(spec: ServiceSpec) -> list[DeploymentPlan]:
-    return [DeploymentPlan(d, [ReplicaProcess(replica_args(d)) for _ in range(d.replicas)] if d.model else [])
+    return [DeploymentPlan(d, [make_replica(d.placement, replica_args(d)) for _ in range(d.replicas)] if d.model else [])
             for d in spec.deployments]
 
 
