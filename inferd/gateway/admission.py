@@ -169,5 +169,9 @@ class AdmissionQueue:
         for key in idle:
             del self._last_finish[key]
 
+    def expected_wait_s(self) -> float:
+        """About how long a request arriving now would wait for a slot (queue length x mean service time)."""
+        return self._length / max(self.config.max_inflight, 1) * self._service_s
+
     def _retry_after_s(self) -> float:
-        return max(1.0, self._length / self.config.max_inflight * self._service_s)
+        return max(1.0, self.expected_wait_s())
