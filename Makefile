@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) -e '.[test]'
+	$(PIP) -e '.[test,ray]'  # ray: tests/control/test_ray.py runs on a local Ray cluster
 	touch $@
 
 install: $(VENV)/.installed

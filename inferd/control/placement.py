@@ -7,4 +7,7 @@ def make_replica(placement: PlacementSpec | None, args: list[str]) -> ReplicaHan
     """A not yet started replica of `inferd replica ARGS` placed as the spec says."""
     if placement is None or placement.backend == "local":
         return ReplicaProcess(args)
+    if placement.backend == "ray":  # ray itself is imported only when the replica starts
+        from inferd.control.ray_placement import RayReplica
+        return RayReplica(args, placement)
     raise ValueError(f"placement backend {placement.backend!r} is not available")
