@@ -2,6 +2,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 
 from inferd.bench.cli import add_bench_parser
 from inferd.engine.config import EngineConfig
@@ -114,7 +115,8 @@ def _replica(args: argparse.Namespace) -> int:
     except (ValueError, UnsupportedModelError) as exc:
         raise SystemExit(f"inferd replica: error: {exc}")
     config = ReplicaConfig(host=args.host, port=args.port, api_key=args.api_key or None,
-                           served_model_name=args.served_model_name, log_level=args.log_level)
+                           served_model_name=args.served_model_name, log_level=args.log_level,
+                           loaded_unix_s=time.time())
     log.info("serving %s from %s (api key %s)", config.served_model_name or model.name, model.path,
              "required" if config.api_key else "not required")
     log.info("model sha256: %s", " ".join(f"{k}={v}" for k, v in model.digests.items()))
@@ -124,8 +126,7 @@ def _replica(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """The gateway on --port, in front of local `inferd replica` processes (one model, or a --config spec)."""
-    from inferd.control.launch import local_plans, start_deployments, spec_plans
-    from inferd.control.replicas import Supervisor
+    from inferd.control.launch import local_plans, spec_plans, start_deployments, stop_all
     from inferd.control.spec import SpecError, load_spec
     from inferd.gateway.launch import gateway_config, open_store, run_gateway
 
@@ -139,16 +140,15 @@ def _serve(args: argparse.Namespace) -> int:
         _engine_config(args)  # bad engine flags stop here, before anything starts
     config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
     store = open_store(config, args.api_key)
-    supervisor = Supervisor([r for plan in plans for r in plan.replicas])
     try:
-        deployments = start_deployments(plans, config)
-        supervisor.start()
-        run_gateway(config, store, deployments, args.log_level)
+        deployments = start_deployments(plans, config)  # then each local deployment's pool keeps its replicas
+        run_gateway(config, store, deployments, args.log_level,
+                    services=[p.pool for p in plans if p.pool is not None])
     except RuntimeError as exc:
         log.error("%s", exc)
         return 2
     finally:
-        supervisor.stop()
+        stop_all(plans)
     return 0
 
 

@@ -1,12 +1,17 @@
 """From a deployment spec (or `inferd serve` flags) to running replicas and the gateway's deployments."""
 import argparse
+import functools
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from inferd.control.placement import make_replica
-from inferd.control.replicas import ReplicaProcess
+from inferd.control.pool import ReplicaPool, per_replica_slots
+from inferd.control.replicas import ReplicaHandle, ReplicaProcess
 from inferd.control.spec import DeploymentSpec, ServiceSpec
-from inferd.gateway.admission import QueueConfig
+from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.launch import deployment_for
@@ -15,16 +20,22 @@ from inferd.gateway.launch import deployment_for
 @dataclass(slots=True)
 class DeploymentPlan:
     spec: DeploymentSpec | None  # None: one deployment from `inferd serve` flags
-    replicas: list[ReplicaProcess] = field(default_factory=list)
+    replicas: list[ReplicaHandle] = field(default_factory=list)  # the ones started before the gateway
+    make: Callable[[], ReplicaHandle] | None = None  # one more replica of it (None: an external deployment)
+    pool: ReplicaPool | None = None  # keeps its replicas (start_deployments makes it)
 
 
 def local_plans(args: argparse.Namespace, replica_args: list[str]) -> list[DeploymentPlan]:
-    return [DeploymentPlan(None, [ReplicaProcess(replica_args) for _ in range(args.replicas)])]
+    make = functools.partial(ReplicaProcess, replica_args)
+    return [DeploymentPlan(None, [make() for _ in range(args.replicas)], make)]
 
 
 def spec_plans(spec: ServiceSpec) -> list[DeploymentPlan]:
-    return [DeploymentPlan(d, [make_replica(d.placement, replica_args(d)) for _ in range(d.replicas)] if d.model else [])
-            for d in spec.deployments]
+    plans = []
+    for d in spec.deployments:
+        make = functools.partial(make_replica, d.placement, replica_args(d)) if d.model else None
+        plans.append(DeploymentPlan(d, [make() for _ in range(d.replicas)] if make else [], make))
+    return plans
 
 
 def replica_args(d: DeploymentSpec) -> list[str]:
@@ -39,17 +50,44 @@ def replica_args(d: DeploymentSpec) -> list[str]:
 
 
 def start_deployments(plans: list[DeploymentPlan], config: GatewayConfig) -> Deployments:
-    """Starts every local replica, waits until each has run a real inference, then builds the deployments."""
+    """Starts every local replica, waits until each has run a real inference, then builds the deployments
+    and a replica pool for each local one (plan.pool; run them with the gateway: run_gateway's services)."""
+    started, ready = {}, {}
     for plan in plans:
         for r in plan.replicas:
+            started[id(r)] = time.time()
             r.start()
     for plan in plans:
         for r in plan.replicas:
             r.wait_ready()
+            ready[id(r)] = time.time()
     deployments = Deployments()
     for plan in plans:
-        deployments.add(_deployment(plan, config))
+        deployment = _deployment(plan, config)
+        deployments.add(deployment)
+        if plan.make is not None:
+            plan.pool = _pool(plan, deployment)
+            for r in plan.replicas:
+                plan.pool.adopt(r, started[id(r)], ready[id(r)])
     return deployments
+
+
+def stop_all(plans: list[DeploymentPlan]) -> None:
+    """Every replica `inferd serve` started, stopped (idempotent; whatever state start-up reached)."""
+    for plan in plans:
+        if plan.pool is not None:
+            plan.pool.close_now()
+        for r in plan.replicas:
+            r.stop()
+
+
+def _pool(plan: DeploymentPlan, deployment: Deployment) -> ReplicaPool:
+    d, initial = plan.spec, len(plan.replicas)
+    slots = per_replica_slots(deployment.queue.config.max_inflight, initial, d.runtime.max_num_seqs if d else 1)
+    prefix = "replica" if d is None else d.name if d.role == "stable" else f"{d.name}-{d.version}"
+    pool = ReplicaPool(deployment, plan.make, slots, initial, d.autoscaling if d else None, prefix=prefix)
+    deployment.queue.set_capacity(initial * slots)
+    return pool
 
 
 def _deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
@@ -59,6 +97,8 @@ def _deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
         return deployment_for(upstreams, config)
     config.prices[d.name] = d.price
     queue = d.queue or _default_queue(config, d)
+    if d.external is None and not plan.replicas:
+        return _unstarted_deployment(d, queue)
     if d.external is None:
         upstreams = [Upstream(r.url, r.api_key, name=f"{d.name}-{i}") for i, r in enumerate(plan.replicas)]
         return deployment_for(upstreams, config, d.name, queue=queue, router=d.router, version=d.version)
@@ -72,4 +112,25 @@ def _deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
 def _default_queue(config: GatewayConfig, d: DeploymentSpec) -> QueueConfig:
     q = config.queue
     inflight = d.replicas * d.runtime.max_num_seqs if d.external is None else q.max_inflight
-    return QueueConfig(inflight, q.max_queue_len, q.max_queued_tokens)
+    return QueueConfig(max(inflight, 1), q.max_queue_len, q.max_queued_tokens)  # the pool sets the live capacity
+
+
+def _unstarted_deployment(d: DeploymentSpec, queue: QueueConfig) -> Deployment:
+    """Scaled to zero from the start: tokenizer and context length from the model file; the first replica
+    that becomes ready completes the card."""
+    from inferd.models.loader import default_model_path, load_tokenizer
+    from inferd.router.router import Router
+    path = default_model_path() if d.model.source == "default" else Path(d.model.source).expanduser()
+    return Deployment(name=d.name, tokenizer=load_tokenizer(path),
+                      max_model_len=d.runtime.max_model_len or _context_length(path), upstreams=[],
+                      queue=AdmissionQueue(queue), version=d.version, upstream_model=d.name, router=Router(d.router))
+
+
+def _context_length(path: Path) -> int:
+    if path.is_dir():
+        from inferd.models.hf import read_json
+        return (read_json(path / "config.json") or {}).get("max_position_embeddings", 2048)
+    from gguf import GGUFReader
+    from inferd.models.gguf import integer, metadata
+    reader = GGUFReader(path)
+    return integer(reader, f"{metadata(reader, 'general.architecture')}.context_length", 2048)

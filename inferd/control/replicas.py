@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -87,40 +86,3 @@ class ReplicaProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-class Supervisor:
-    """Restarts local replicas that exit; the gateway's probe takes them out of routing meanwhile."""
-
-    def __init__(self, replicas: list[ReplicaProcess], check_interval_s: float = 0.5):
-        self.replicas = replicas
-        self.check_interval_s = check_interval_s
-        self.restarts = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="replica-supervisor", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        for r in self.replicas:
-            r.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.check_interval_s):
-            for r in self.replicas:
-                if r.proc is not None and r.proc.poll() is not None and not self._stop.is_set():
-                    self._restart(r)
-
-    def _restart(self, replica: ReplicaProcess) -> None:
-        log.error("replica on %s exited with %s; restarting it", replica.url, replica.proc.returncode)
-        self.restarts += 1
-        replica.start()
-        try:
-            replica.wait_ready()
-            log.info("replica on %s is back", replica.url)
-        except RuntimeError as exc:
-            log.error("%s", exc)

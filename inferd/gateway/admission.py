@@ -65,6 +65,7 @@ class ClassStats:
 class AdmissionQueue:
     def __init__(self, config: QueueConfig):
         self.config = config
+        self.max_inflight = config.max_inflight  # the capacity now: the control plane sets it (set_capacity)
         self.inflight = 0
         self._queues: dict[str, dict[str, deque[Ticket]]] = {c: {} for c in PRIORITY_CLASSES}
         self._last_finish: dict[tuple[str, str], float] = {}
@@ -72,6 +73,7 @@ class AdmissionQueue:
         self._length = 0
         self._queued_tokens = 0
         self._service_s = 1.0  # moving average of a request's time in flight, for Retry-After
+        self._starved = asyncio.Event()  # a request waits and nothing may run (capacity 0)
 
     async def admit(self, ticket: Ticket) -> float:
         """Wait for a slot; returns the seconds waited. Raises QueueRejected or DeadlineExceeded."""
@@ -98,6 +100,25 @@ class AdmissionQueue:
         if service_s > 0:
             self._service_s = 0.9 * self._service_s + 0.1 * service_s
         self._dispatch()
+
+    def set_capacity(self, max_inflight: int) -> None:
+        """Requests that may run at once (ready replicas × max_num_seqs); 0: all wait, e.g. scaled to zero.
+
+        Lowering it stops nothing already running; raising it admits waiting requests at once."""
+        self.max_inflight = max(max_inflight, 0)
+        self._dispatch()
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    async def wait_starved(self, timeout_s: float) -> None:
+        """Until a request is queued while the capacity is 0 (the control plane starts a replica), or timeout_s."""
+        try:
+            await asyncio.wait_for(self._starved.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        self._starved.clear()
 
     def stats(self) -> dict[str, ClassStats]:
         now = time.monotonic()
@@ -128,6 +149,8 @@ class AdmissionQueue:
         self._queues[cls].setdefault(ticket.tenant_id, deque()).append(ticket)
         self._length += 1
         self._queued_tokens += ticket.tokens
+        if self.max_inflight == 0:
+            self._starved.set()
 
     def _remove(self, ticket: Ticket) -> None:
         queue = self._queues[ticket.priority_class].get(ticket.tenant_id)
@@ -142,7 +165,7 @@ class AdmissionQueue:
             del self._queues[ticket.priority_class][ticket.tenant_id]
 
     def _dispatch(self) -> None:
-        while self.inflight < self.config.max_inflight:
+        while self.inflight < self.max_inflight:
             ticket = self._next()
             if ticket is None:
                 return
@@ -171,7 +194,7 @@ class AdmissionQueue:
 
     def expected_wait_s(self) -> float:
         """About how long a request arriving now would wait for a slot (queue length x mean service time)."""
-        return self._length / max(self.config.max_inflight, 1) * self._service_s
+        return self._length / max(self.max_inflight, 1) * self._service_s
 
     def _retry_after_s(self) -> float:
         return max(1.0, self.expected_wait_s())

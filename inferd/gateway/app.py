@@ -55,14 +55,20 @@ class Gateway:
         self.metrics.watch(self._collect)
         self.client: httpx.AsyncClient | None = None
         self.started_unix_s = time.time()
+        self.observers: list = []  # called with every usage record (e.g. the rollout controller)
+        self.services: list = []  # run with the app: await s.start(gateway), await s.close() (replica pools)
         self._spent: dict[tuple[str, float], float] = {}
 
     async def start(self) -> None:
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits)
         self.usage.start()
+        for service in self.services:
+            await service.start(self)
 
     async def close(self) -> None:
+        for service in self.services:
+            await service.close()
         await self.usage.close()
         await self.client.aclose()
         await self.limiter.close()
@@ -84,6 +90,8 @@ class Gateway:
 
     def record(self, record: UsageRecord) -> None:
         self.usage.write(record)
+        for observe in self.observers:
+            observe(record)
         self.metrics.ended(record.tenant_id or "", record.model, record.status, record.prompt_tokens,
                            record.cached_tokens, record.completion_tokens, record.cost_usd, record.ttft_s)
         access_log.info("request", extra={
@@ -136,7 +144,8 @@ class GatewayRoutes:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, request: Request) -> Response:
-        ok = all(any(u.healthy for u in d.upstreams) for d in self.gw.deployments.by_name.values())
+        ok = all(any(u.healthy for u in d.upstreams) or not d.upstreams  # none: scaled to zero, requests wait
+                 for d in self.gw.deployments.by_name.values())
         return JSONResponse({"status": "ready" if ok else "not ready"}, status_code=200 if ok else 503)
 
     async def models(self, request: Request) -> Response:

@@ -29,6 +29,7 @@ class Upstream:
     inflight: int = 0
     inflight_tokens: int = 0  # reserved tokens of the requests running there
     healthy: bool = True
+    draining: bool = False  # being scaled down: no new requests, running ones finish (inferd.control.pool)
 
     def __post_init__(self):
         self.base_url = self.base_url.rstrip("/").removesuffix("/v1")

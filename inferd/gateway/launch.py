@@ -83,7 +83,9 @@ def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name:
                       card={k: v for k, v in card.items() if k in ("max_model_len", "source_path", "digests")})
 
 
-def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, log_level: str) -> None:
+def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, log_level: str,
+                services=()) -> None:
+    """services: control-plane parts started and closed with the app (Gateway.services), e.g. replica pools."""
     if config.redis_url:
         from inferd.gateway.redis_limiter import RedisLimiter
         limiter = RedisLimiter(config.redis_url)
@@ -91,6 +93,7 @@ def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, l
         limiter = MemoryLimiter()
     tracer, provider = make_tracer("inferd-gateway", config.otlp_endpoint)
     gateway = Gateway(config, store, limiter, deployments, tracer, provider)
+    gateway.services.extend(services)
     names = ", ".join(deployments.by_name)
     log.info("inferd ready: model=%s url=http://%s:%d (gateway %s, store %s, limits %s)", names, config.host,
              config.port, config.gateway_id, store.engine.url.render_as_string(hide_password=True),

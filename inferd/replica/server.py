@@ -1,5 +1,6 @@
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, aclosing
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ class ReplicaConfig:
     api_key: str | None = None
     served_model_name: str | None = None
     log_level: str = "info"
+    loaded_unix_s: float | None = None  # when the weights were loaded and the engine built (cold start)
 
     @property
     def url(self) -> str:
@@ -39,6 +41,8 @@ class ReplicaConfig:
 @dataclass(slots=True)
 class Readiness:
     ready: bool = False
+    loaded_unix_s: float | None = None
+    warm_unix_s: float | None = None  # when the readiness inference finished
 
 
 class EngineBackend:
@@ -61,7 +65,7 @@ class EngineBackend:
 def build_replica_app(engine: AsyncEngine, model: LoadedModel, config: ReplicaConfig) -> Starlette:
     backend = EngineBackend(engine, model, config.served_model_name)
     metrics = ServerMetrics(engine.stats)
-    readiness = Readiness()
+    readiness = Readiness(loaded_unix_s=config.loaded_unix_s)
     routes = [Route("/health", _health, methods=["GET"]),
               Route("/ready", _ready_endpoint(engine, readiness), methods=["GET"]),
               metrics_route(metrics)]
@@ -84,9 +88,13 @@ async def _health(request: Request) -> Response:
 
 def _ready_endpoint(engine: AsyncEngine, readiness: Readiness):
     async def ready(request: Request) -> Response:
+        """Also what the control plane reads: cold-start times and KV cache usage (0..1)."""
+        stats = engine.stats()
+        body = {"loaded_unix_s": readiness.loaded_unix_s, "warm_unix_s": readiness.warm_unix_s,
+                "kv_cache_usage": stats.kv_blocks_used / max(stats.kv_blocks_total, 1)}
         if readiness.ready and engine.healthy:
-            return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "not ready"}, status_code=503)
+            return JSONResponse({"status": "ready"} | body)
+        return JSONResponse({"status": "not ready"} | body, status_code=503)
     return ready
 
 
@@ -115,5 +123,6 @@ async def _readiness_probe(engine: AsyncEngine, backend: EngineBackend, readines
     except Exception as exc:
         log.error("readiness inference failed: %s: %s", type(exc).__name__, exc)
         return
+    readiness.warm_unix_s = time.time()
     readiness.ready = True
     log.info("replica ready: model=%s url=%s", backend.info.name, url)

@@ -46,7 +46,8 @@ class Router:
         self._turn = itertools.count()
 
     def pick(self, replicas: list[Replica], prompt_ids: list[int], namespace: str) -> Replica:
-        candidates = [r for r in replicas if r.healthy] or replicas
+        serving = [r for r in replicas if not getattr(r, "draining", False)] or replicas  # draining: no new work
+        candidates = [r for r in serving if r.healthy] or serving
         policy = self.config.policy
         if policy == "round_robin":
             chosen = candidates[next(self._turn) % len(candidates)]
