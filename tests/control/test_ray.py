@@ -1,5 +1,6 @@
 """Ray placement: `inferd serve --config` runs its replica as a Ray actor on a real local Ray cluster started here."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ def cluster() -> Iterator[str]:
     finally:
         ray.shutdown()
         kill_session(head.pid)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def kill_session(sid: int) -> None:
