@@ -123,7 +123,11 @@ class ReplicaPool:
         self._closed = True
         if self._loop_task is not None:
             self._loop_task.cancel()
-        await asyncio.to_thread(self.close_now)
+        members, self.members = self.members, []
+        for m in members:
+            m.state = STOPPED
+        await asyncio.gather(*(asyncio.to_thread(m.handle.stop) for m in members))  # all at once
+        self.members = members  # close_now (idempotent) still finds them
         if self.client is not None:
             await self.client.aclose()
 
