@@ -13,6 +13,7 @@ from inferd.control.replicas import ReplicaHandle, ReplicaProcess
 from inferd.control.spec import DeploymentSpec, ServiceSpec
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.gateway.config import GatewayConfig
+from inferd.gateway.degrade import Degrader
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.launch import deployment_for
 
@@ -95,6 +96,14 @@ def _deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
     if d is None:
         upstreams = [Upstream(r.url, r.api_key, name=f"replica-{i}") for i, r in enumerate(plan.replicas)]
         return deployment_for(upstreams, config)
+    deployment = _spec_deployment(plan, config)
+    deployment.fallbacks = list(d.fallbacks)
+    deployment.degrader = Degrader(d.degradation) if d.degradation else None
+    return deployment
+
+
+def _spec_deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
+    d = plan.spec
     config.prices[d.name] = d.price
     queue = d.queue or _default_queue(config, d)
     if d.external is None and not plan.replicas:

@@ -15,16 +15,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inferd.api.app import read_json, unless_disconnected
-from inferd.api.errors import ClientClosedRequest, InvalidRequest, ModelNotFound, PermissionDenied, to_api_error
+from inferd.api.errors import (ClientClosedRequest, InvalidRequest, ModelNotFound, Overloaded, PermissionDenied,
+                               ServiceUnavailable, to_api_error)
 from inferd.api.middleware import RequestContextMiddleware, http_exception_handler
 from inferd.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from inferd.gateway import admin, relay
 from inferd.gateway.auth import KeyCache
 from inferd.gateway.call import Call, Plan, budget_period, charges_for, check_request_limits
 from inferd.gateway.config import GatewayConfig
+from inferd.gateway.degrade import Degradation, degrade
 from inferd.gateway.deployments import Deployment, Deployments
 from inferd.gateway.federate import replica_metrics
-from inferd.gateway.limits import Charge, Limiter
+from inferd.gateway.limits import Charge, Limiter, retry_after_header
 from inferd.gateway.policy import PRIORITY_CLASSES, KeyPolicy
 from inferd.gateway.store import Store
 from inferd.gateway.usage import UsageRecord, UsageWriter
@@ -35,6 +37,11 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("inferd.gateway.access")
 
 PROBE_INTERVAL_S = 2.0
+FALLBACK_HEADER = "x-inferd-fallback"
+
+
+class DeadlineUnmeetable(ServiceUnavailable):
+    code = "deadline_unmeetable"
 UNKNOWN_MODEL = "unknown"  # requests refused before their model was resolved
 
 
@@ -144,8 +151,7 @@ class GatewayRoutes:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, request: Request) -> Response:
-        ok = all(any(u.healthy for u in d.upstreams) or not d.upstreams  # none: scaled to zero, requests wait
-                 for d in self.gw.deployments.by_name.values())
+        ok = all(self.gw.deployments.servable(d) for d in self.gw.deployments.by_name.values())
         return JSONResponse({"status": "ready" if ok else "not ready"}, status_code=200 if ok else 503)
 
     async def models(self, request: Request) -> Response:
@@ -171,24 +177,77 @@ class GatewayRoutes:
                 key = await gw.keys.authenticate(request.headers.get("authorization"))
             raw = await read_json(request, gw.config.max_body_bytes)
             body = body_type.model_validate(raw)
-            deployment = self._deployment(key, body.model)
+            asked = self._deployment(key, body.model)
+            cls, deadline = priority_class(key, request), deadline_s(key, request, state.arrival_s)
+            deployment, plan, upstream_body, degraded = self._plan(asked, key, body, raw, cls, deadline)
             span.update_name(f"{operation} {deployment.name}")
             span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": key.tenant.id})
-            plan, upstream_body = plan_request(deployment, key, body, raw, gw.config.price(deployment.name))
-            call = Call(gw, state.request_id, operation, key, deployment, priority_class(key, request),
-                        deadline_s(key, request, state.arrival_s), state.arrival_s, span)
+            call = Call(gw, state.request_id, operation, key, deployment, cls, deadline, state.arrival_s, span,
+                        headers=degraded.header)
         except BaseException as exc:
             self._refused(state, key, exc, span)
             raise
+        if degraded.actions:
+            gw.metrics.degraded(asked.name, degraded.actions)
         try:  # a client that leaves while its request waits or runs cancels it, streaming or not
-            return await unless_disconnected(request, self._run(call, plan, path, upstream_body, usage_mode(body)))
+            if degraded.reject:
+                await call.reject(DeadlineUnmeetable(
+                    "The model is overloaded and cannot start this request before its deadline; retry later.",
+                    headers={"retry-after": retry_after_header(deployment.queue.expected_wait_s())}))
+            run = self._run(call, plan, path, upstream_body, usage_mode(body), body, raw)
+            return await unless_disconnected(request, run)
         except ClientClosedRequest:
-            await call.finish("cancelled", 499, ClientClosedRequest.code)
+            await call.last.finish("cancelled", 499, ClientClosedRequest.code)
             raise
 
-    async def _run(self, call: Call, plan: Plan, path: str, upstream_body: dict, mode: str) -> Response:
-        await call.admit(plan)
-        return await relay.forward(call, self.gw.client, path, upstream_body, mode)
+    def _plan(self, deployment: Deployment, key: KeyPolicy, body: SamplingRequest, raw: dict, cls: str,
+              deadline: float | None) -> tuple[Deployment, Plan, dict, Degradation]:
+        """Plan the request on its deployment, after the deployment's degradation ladder (if overloaded)."""
+        price = self.gw.config.price
+        plan, upstream_body = plan_request(deployment, key, body, raw, price(deployment.name))
+        if deployment.degrader is None:
+            return deployment, plan, upstream_body, Degradation()
+        oldest = max((s.oldest_age_s for s in deployment.queue.stats().values()), default=0.0)
+        steps = deployment.degrader.update(oldest)
+        left = None if deadline is None else deadline - time.monotonic()
+        degraded = degrade(steps, cls, left, deployment.queue.expected_wait_s(), plan.max_output_tokens)
+        if degraded.route_to and key.may_use(degraded.route_to):
+            deployment = self.gw.deployments.get(degraded.route_to)
+            plan, upstream_body = plan_request(deployment, key, body, raw, price(deployment.name))
+        elif degraded.route_to:
+            degraded.actions.remove(f"route:{degraded.route_to}")
+        if degraded.max_tokens is not None and degraded.max_tokens < plan.max_output_tokens:
+            plan, upstream_body = cap_output(plan, upstream_body, degraded.max_tokens, price(deployment.name))
+        return deployment, plan, upstream_body, degraded
+
+    async def _run(self, call: Call, plan: Plan, path: str, upstream_body: dict, mode: str,
+                   body: SamplingRequest, raw: dict) -> Response:
+        """Admit and forward; if the deployment fails the request before it started (no replica reachable,
+        queue full, a 5xx answer), each of its fallback deployments gets one try."""
+        fallbacks = [self.gw.deployments.get(n) for n in call.deployment.fallbacks if call.key.may_use(n)]
+        primary = call.deployment.name
+        while True:
+            call.keep_span = bool(fallbacks)
+            try:
+                await call.admit(plan)
+                response = await relay.forward(call, self.gw.client, path, upstream_body, mode)
+                if response.status_code < 500 or not fallbacks:
+                    call.release_span()
+                    return response
+                reason = f"http_{response.status_code}"
+            except (relay.UpstreamFailed, Overloaded) as exc:
+                if not fallbacks:
+                    raise
+                reason = exc.code
+            except BaseException:
+                call.release_span()
+                raise
+            nxt = fallbacks.pop(0)
+            log.warning("request %s: %s failed (%s); falling back to %s", call.request_id, call.deployment.name,
+                        reason, nxt.name)
+            self.gw.metrics.fallback(call.deployment.name, nxt.name, reason)
+            plan, upstream_body = plan_request(nxt, call.key, body, raw, self.gw.config.price(nxt.name))
+            call = call.fallback(nxt, {FALLBACK_HEADER: f"{primary}->{nxt.name}"})
 
     def _deployment(self, key: KeyPolicy, model: str | None) -> Deployment:
         deployment = self.gw.deployments.get(model)
@@ -241,6 +300,14 @@ def plan_request(d: Deployment, key: KeyPolicy, body: SamplingRequest, raw: dict
     outputs = len(lens) * body.num_choices
     plan = Plan(sum(lens), per_output, outputs, price.cost_usd(sum(lens), 0, per_output * outputs), ids[0])
     return plan, upstream
+
+
+def cap_output(plan: Plan, upstream: dict, cap: int, price) -> tuple[Plan, dict]:
+    """The plan and body with at most `cap` output tokens per choice (the degradation ladder's cap)."""
+    upstream = dict(upstream, max_tokens=cap)
+    upstream.pop("max_completion_tokens", None)
+    cost = price.cost_usd(plan.prompt_tokens, 0, cap * plan.num_outputs)
+    return Plan(plan.prompt_tokens, cap, plan.num_outputs, cost, plan.prompt_ids), upstream
 
 
 def priority_class(key: KeyPolicy, request: Request) -> str:

@@ -57,6 +57,9 @@ class Call:
     cached_tokens: int = 0
     completion_tokens: int = 0
     finished: bool = False
+    headers: dict[str, str] = field(default_factory=dict)  # said on the response (degraded, fallback)
+    next: "Call | None" = None  # the attempt on a fallback deployment, once this one failed
+    keep_span: bool = False  # a fallback may follow: finishing does not end the request's span
 
     # before the work
 
@@ -95,6 +98,9 @@ class Call:
     def ratelimit_headers(self) -> dict[str, str]:
         return ratelimit_headers(self.reservation.states) if self.reservation else {}
 
+    def response_headers(self) -> dict[str, str]:
+        return self.ratelimit_headers() | self.headers
+
     # while it runs
 
     def observe_usage(self, usage: dict | None) -> None:
@@ -115,6 +121,20 @@ class Call:
         self.gateway.record(self._record("failed", 503, error_code, 0.0))
         self.attempt += 1
         self.upstream = None
+
+    def fallback(self, deployment: Deployment, headers: dict[str, str]) -> "Call":
+        """This attempt failed before it ran (and is recorded); the next one goes to another deployment."""
+        self.next = Call(self.gateway, self.request_id, self.operation, self.key, deployment, self.priority_class,
+                         self.deadline_s, self.arrival_s, self.span, attempt=self.attempt + 1,
+                         headers=self.headers | headers)
+        return self.next
+
+    @property
+    def last(self) -> "Call":
+        call = self
+        while call.next is not None:
+            call = call.next
+        return call
 
     # after it
 
@@ -158,7 +178,20 @@ class Call:
         if record.error_code:
             self.span.set_attribute("error.type", record.error_code)
             self.span.set_status(trace.StatusCode.ERROR)
-        self.span.end()
+        if not self.keep_span:
+            self.span.end()
+
+    def release_span(self) -> None:
+        """No fallback follows this attempt: its finish ends the span (or did, now)."""
+        if self.keep_span:
+            self.keep_span = False
+            if self.finished:
+                self.span.end()
+
+    async def reject(self, err: APIError, status: str = "rejected") -> None:
+        """Refuse the request here (before it ran): record it and raise err."""
+        err.headers = (err.headers or {}) | self.headers
+        await self._reject(err, status)
 
     async def _reject(self, err: APIError, status: str) -> None:
         self.gateway.metrics.rejected(err.code or status)

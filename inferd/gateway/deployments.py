@@ -48,6 +48,8 @@ class Deployment:
     internal_headers: bool = True  # send x-inferd-* (ours) or not (external servers)
     card: dict = field(default_factory=dict)  # what GET /v1/models shows
     router: Router = field(default_factory=Router)
+    fallbacks: list[str] = field(default_factory=list)  # deployments that take the requests this one fails
+    degrader: "Degrader | None" = None  # its degradation ladder, if it has one  # noqa: F821
 
     def __post_init__(self):
         self.card = {"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "inferd",
@@ -69,6 +71,12 @@ class Deployments:
 
     def get(self, name: str | None) -> Deployment | None:
         return self.by_name.get(name or self.default or "")
+
+    def servable(self, d: Deployment) -> bool:
+        """A healthy replica, none at all (scaled to zero: a request starts one), or a fallback that is."""
+        def up(x: Deployment) -> bool:
+            return not x.upstreams or any(u.healthy for u in x.upstreams)
+        return up(d) or any(up(f) for f in map(self.by_name.get, d.fallbacks) if f is not None)
 
 
 def describe_upstream(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> dict:

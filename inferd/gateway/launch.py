@@ -1,5 +1,6 @@
 """Building and running a gateway: from flags to a served app (used by `inferd serve` and `inferd gateway`)."""
 import argparse
+import functools
 import logging
 from pathlib import Path
 
@@ -63,7 +64,6 @@ def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name:
                    queue: QueueConfig | None = None, router: RouterConfig | None = None,
                    version: str = "v1") -> Deployment:
     """A deployment over replicas that serve the same model; its card comes from the first one."""
-    from inferd.models.loader import load_tokenizer
     try:
         card = describe_upstream(upstreams[0].base_url, upstreams[0].api_key)
     except httpx.HTTPError as exc:
@@ -76,11 +76,18 @@ def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name:
     if source is None:
         log.warning("no tokenizer for %s given (--tokenizer); counting tokens with the default model's", card["id"])
     name = model_name or card["id"]
-    return Deployment(name=name, tokenizer=load_tokenizer(source),
+    return Deployment(name=name, tokenizer=_tokenizer(source),
                       max_model_len=max_model_len or card.get("max_model_len") or 8192, upstreams=upstreams,
                       queue=AdmissionQueue(queue or config.queue), upstream_model=card["id"], internal_headers=ours,
                       router=Router(router or config.router), version=version,
                       card={k: v for k, v in card.items() if k in ("max_model_len", "source_path", "digests")})
+
+
+@functools.cache
+def _tokenizer(source: str | None):
+    """One tokenizer per model source, however many deployments (versions, names) serve it."""
+    from inferd.models.loader import load_tokenizer
+    return load_tokenizer(source)
 
 
 def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, log_level: str,

@@ -47,7 +47,7 @@ async def forward(call: Call, client: httpx.AsyncClient, path: str, body: dict,
     response, span = sent
     if response.status_code != 200 or not body.get("stream"):
         return await _whole(call, response, span)
-    return SSEResponse(_relay_stream(call, response, span, usage_mode), headers=call.ratelimit_headers())
+    return SSEResponse(_relay_stream(call, response, span, usage_mode), headers=call.response_headers())
 
 
 async def _send(call: Call, client: httpx.AsyncClient, path: str, body: dict,
@@ -97,7 +97,7 @@ async def _whole(call: Call, response: httpx.Response, span: trace.Span) -> Resp
         call.observe_usage(json.loads(content).get("usage"))
         call.first_token()
     await call.finish("completed" if ok else "failed", response.status_code, None if ok else _error_code(content))
-    headers = {k: v for k, v in response.headers.items() if k in PASSED_HEADERS} | call.ratelimit_headers()
+    headers = {k: v for k, v in response.headers.items() if k in PASSED_HEADERS} | call.response_headers()
     return Response(content, status_code=response.status_code, headers=headers)
 
 

@@ -42,6 +42,10 @@ class GatewayMetrics:
         self.tokens = Counter("inferd_gateway_tokens_total", "Billed tokens.", ["tenant", "model", "kind"],
                               registry=r)
         self.cost = Counter("inferd_gateway_cost_usd_total", "Billed cost in USD.", ["tenant", "model"], registry=r)
+        self.degradations = Counter("inferd_gateway_degraded_total", "Requests degraded under overload, by "
+                                    "the deployment asked for and the action.", ["model", "action"], registry=r)
+        self.fallbacks = Counter("inferd_gateway_fallbacks_total", "Requests a deployment failed and handed to "
+                                 "a fallback deployment.", ["model", "fallback", "reason"], registry=r)
 
     def admitted(self, model: str, priority_class: str, queue_s: float) -> None:
         self.admissions.labels(model, priority_class).inc()
@@ -49,6 +53,13 @@ class GatewayMetrics:
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
+
+    def degraded(self, model: str, actions: list[str]) -> None:
+        for action in actions:
+            self.degradations.labels(model, action).inc()
+
+    def fallback(self, model: str, fallback: str, reason: str) -> None:
+        self.fallbacks.labels(model, fallback, reason).inc()
 
     def ended(self, tenant_id: str, model: str, status: str, prompt: int, cached: int, completion: int,
               cost_usd: float, ttft_s: float | None) -> None:
