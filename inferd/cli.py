@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     add_bench_parser(commands)
     gateway_cli.add_parsers(commands)
+    gateway_cli.add_rollout_parser(commands)
     return parser
 
 
@@ -127,6 +128,7 @@ def _replica(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     """The gateway on --port, in front of local `inferd replica` processes (one model, or a --config spec)."""
     from inferd.control.launch import local_plans, spec_plans, start_deployments, stop_all
+    from inferd.control.rollout import controller_for
     from inferd.control.spec import SpecError, load_spec
     from inferd.gateway.launch import gateway_config, open_store, run_gateway
 
@@ -142,8 +144,9 @@ def _serve(args: argparse.Namespace) -> int:
     store = open_store(config, args.api_key)
     try:
         deployments = start_deployments(plans, config)  # then each local deployment's pool keeps its replicas
+        rollouts = controller_for(plans, deployments)  # canaries: judged, promoted or rolled back
         run_gateway(config, store, deployments, args.log_level,
-                    services=[p.pool for p in plans if p.pool is not None])
+                    services=[p.pool for p in plans if p.pool is not None] + ([rollouts] if rollouts else []))
     except RuntimeError as exc:
         log.error("%s", exc)
         return 2
@@ -188,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         return gateway_cli.run(args)
     if args.command == "config":
         return _config(args)
+    if args.command == "rollout":
+        return gateway_cli.rollout(args)
     from inferd.models.errors import ModelLoadError
     try:
         return {"serve": _serve, "replica": _replica, "gateway": _gateway}[args.command](args)

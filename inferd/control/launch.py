@@ -65,7 +65,7 @@ def start_deployments(plans: list[DeploymentPlan], config: GatewayConfig) -> Dep
     deployments = Deployments()
     for plan in plans:
         deployment = _deployment(plan, config)
-        deployments.add(deployment)
+        deployments.add(deployment, canary=plan.spec is not None and plan.spec.role == "canary")
         if plan.make is not None:
             plan.pool = _pool(plan, deployment)
             for r in plan.replicas:
@@ -104,12 +104,14 @@ def _deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
 
 def _spec_deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
     d = plan.spec
-    config.prices[d.name] = d.price
+    if d.role == "stable":  # a canary is priced as its name (spec: its price is the stable's or unset)
+        config.prices[d.name] = d.price
     queue = d.queue or _default_queue(config, d)
     if d.external is None and not plan.replicas:
         return _unstarted_deployment(d, queue)
     if d.external is None:
-        upstreams = [Upstream(r.url, r.api_key, name=f"{d.name}-{i}") for i, r in enumerate(plan.replicas)]
+        prefix = d.name if d.role == "stable" else f"{d.name}-{d.version}"
+        upstreams = [Upstream(r.url, r.api_key, name=f"{prefix}-{i}") for i, r in enumerate(plan.replicas)]
         return deployment_for(upstreams, config, d.name, queue=queue, router=d.router, version=d.version)
     e = d.external
     upstream = Upstream(e.base_url, os.environ.get(e.api_key_env) if e.api_key_env else None, name=d.name)

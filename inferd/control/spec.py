@@ -236,6 +236,8 @@ def _check_canary(spec: ServiceSpec, d: DeploymentSpec, where: str) -> None:
         raise SpecError(f"{where}.role: a canary needs a stable deployment named '{d.name}'")
     if stable.version == d.version:
         raise SpecError(f"{where}.version: the canary must differ from the stable version '{d.version}'")
+    if d.price != ModelPrice() and d.price != stable.price:
+        raise SpecError(f"{where}.price: a canary is billed at its name's price; leave it out or repeat the stable's")
     r = d.rollout
     if r is None:
         return
@@ -245,6 +247,12 @@ def _check_canary(spec: ServiceSpec, d: DeploymentSpec, where: str) -> None:
         raise SpecError(f"{where}.rollout: window_s must be above 0 and min_requests at least 1")
     if r.probes is not None and not Path(r.probes).expanduser().is_file():
         raise SpecError(f"{where}.rollout.probes: {r.probes} is not a file")
+    if r.probes is not None:
+        from inferd.control.rollout import read_probes
+        try:
+            read_probes(r.probes)
+        except ValueError as exc:
+            raise SpecError(f"{where}.rollout.probes: {r.probes}: {exc}") from None
     if not 0 <= r.min_probe_score <= 1:
         raise SpecError(f"{where}.rollout.min_probe_score: must be between 0 and 1")
 

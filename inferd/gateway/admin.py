@@ -33,7 +33,10 @@ def routes(gateway) -> list[Route]:
             Route("/admin/keys", admin.keys, methods=["GET", "POST"]),
             Route("/admin/keys/{key_id}", admin.revoke, methods=["DELETE"]),
             Route("/admin/usage", admin.usage, methods=["GET"]),
-            Route("/admin/counters", admin.counters, methods=["GET"])]
+            Route("/admin/counters", admin.counters, methods=["GET"]),
+            Route("/admin/rollouts", admin.rollouts, methods=["GET"]),
+            Route("/admin/rollouts/{name}", admin.rollouts, methods=["GET"]),
+            Route("/admin/rollouts/{name}/{action}", admin.rollout_action, methods=["POST"])]
 
 
 class Admin:
@@ -89,7 +92,44 @@ class Admin:
         return JSONResponse({"gateway_id": self.gw.config.gateway_id, "started_unix_s": self.gw.started_unix_s,
                              "pending": self.gw.usage.pending} | asdict(self.gw.usage.counters))
 
+    async def rollouts(self, request: Request) -> Response:
+        """Canary rollouts: state, weight, the per-version comparison over the window and the decision."""
+        self._check(request)
+        name = request.path_params.get("name")
+        rows = self._rollouts().status(name)
+        if name is None:
+            return JSONResponse({"data": rows})
+        if not rows:
+            raise NotFound(f"no canary for '{name}'")
+        return JSONResponse(rows[0])
+
+    async def rollout_action(self, request: Request) -> Response:
+        """POST start (optional {"weight": share}), promote or rollback."""
+        self._check(request)
+        name, action = request.path_params["name"], request.path_params["action"]
+        controller = self._rollouts()
+        if action not in ("start", "promote", "rollback"):
+            raise NotFound(f"no rollout action '{action}' (start, promote, rollback)")
+        args, operation = (name,), getattr(controller, "start_rollout" if action == "start" else action)
+        if action == "start" and await request.body():
+            weight = (await self._body(request, {"weight"})).get("weight")
+            if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int | float)
+                                       or not 0 < weight < 1):
+                raise InvalidRequest("weight must be a number between 0 and 1", param="weight")
+            args = (name, weight)
+        try:
+            return JSONResponse(operation(*args))
+        except KeyError as exc:
+            raise NotFound(exc.args[0]) from None
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), code="invalid_rollout_state") from None
+
     # helpers
+
+    def _rollouts(self):
+        if self.gw.rollouts is None:
+            raise NotFound("this gateway has no canaries (a deployment with role: canary in inferd serve --config)")
+        return self.gw.rollouts
 
     def _check(self, request: Request) -> None:
         expected = self.gw.config.admin_key

@@ -62,6 +62,7 @@ class Gateway:
         self.metrics.watch(self._collect)
         self.client: httpx.AsyncClient | None = None
         self.started_unix_s = time.time()
+        self.rollouts = None  # the canary rollout controller (inferd.control.rollout), when there are canaries
         self.observers: list = []  # called with every usage record (e.g. the rollout controller)
         self.services: list = []  # run with the app: await s.start(gateway), await s.close() (replica pools)
         self._spent: dict[tuple[str, float], float] = {}
@@ -250,7 +251,7 @@ class GatewayRoutes:
             call = call.fallback(nxt, {FALLBACK_HEADER: f"{primary}->{nxt.name}"})
 
     def _deployment(self, key: KeyPolicy, model: str | None) -> Deployment:
-        deployment = self.gw.deployments.get(model)
+        deployment = self.gw.deployments.route(model)  # a name with a canary: its share goes there
         if deployment is None:
             raise ModelNotFound(f"The model '{model}' does not exist.", param="model")
         if not key.may_use(deployment.name):

@@ -1,4 +1,4 @@
-"""`inferd gateway|keys|tenants|usage`: the gateway and its state, from the command line."""
+"""`inferd gateway|keys|tenants|usage|rollout`: the gateway and its state, from the command line."""
 import argparse
 import csv
 import json
@@ -96,7 +96,63 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         p.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
 
+def add_rollout_parser(commands: argparse._SubParsersAction) -> None:
+    rollout = commands.add_parser("rollout", help="canary rollouts on a running gateway (its admin API)")
+    actions = rollout.add_subparsers(dest="action", required=True)
+    for action, what in (("start", "route the canary its share of the name's traffic and start judging it"),
+                         ("status", "state, weight, the per-version comparison and the decision"),
+                         ("promote", "make the canary the stable version now (the old one drains and stops)"),
+                         ("rollback", "send no more traffic to the canary and stop it (stable is untouched)")):
+        p = actions.add_parser(action, help=what)
+        p.add_argument("name", nargs="?" if action == "status" else None, help="the deployment name")
+        p.add_argument("--url", default=os.environ.get("INFERD_URL", "http://127.0.0.1:8000"),
+                       help="the gateway's base URL ($INFERD_URL)")
+        p.add_argument("--admin-key", default=os.environ.get("INFERD_ADMIN_KEY"))
+        p.add_argument("--format", choices=["table", "json"], default="table")
+        if action == "start":
+            p.add_argument("--weight", type=float, default=None, help="the canary's share (default: the spec's)")
+
+
 # commands
+
+def rollout(args: argparse.Namespace) -> int:
+    import httpx
+    base = f"{args.url.rstrip('/')}/admin/rollouts"
+    headers = {"authorization": f"Bearer {args.admin_key or ''}"}
+    try:
+        if args.action == "status":
+            r = httpx.get(f"{base}/{args.name}" if args.name else base, headers=headers, timeout=10)
+        else:
+            body = {"weight": args.weight} if args.action == "start" and args.weight is not None else None
+            r = httpx.post(f"{base}/{args.name}/{args.action}", json=body, headers=headers, timeout=60)
+    except httpx.HTTPError as exc:
+        print(f"inferd rollout: error: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 2
+    if r.status_code >= 400:
+        error = r.json().get("error", {}) if r.headers.get("content-type", "").startswith("application/json") else {}
+        print(f"inferd rollout: error: {error.get('message') or r.text} (HTTP {r.status_code})", file=sys.stderr)
+        return 1
+    rows = r.json()["data"] if args.action == "status" and not args.name else [r.json()]
+    if args.format == "json":
+        print(json.dumps(rows if len(rows) != 1 else rows[0], indent=2))
+    else:
+        for row in rows:
+            _rollout_table(row)
+    return 0
+
+
+def _rollout_table(row: dict) -> None:
+    mode = "auto" if row["auto"] else "report only"
+    print(f"{row['name']}: {row['state']}, canary {row['canary_version']} at {row['weight']:.0%} of traffic "
+          f"({mode}; window {row['window_s']:g} s, min {row['min_requests']} canary requests)")
+    _table([{"version": v, "role": s["role"], "requests": s["requests"], "errors": s["errors"],
+             "error_rate": s["error_rate"], "ttft_p95_s": s["ttft_p95_s"], "tpot_p95_s": s["tpot_p95_s"],
+             "cost_per_request_usd": s["cost_per_request_usd"], "probe_score": s["probe_score"]}
+            for v, s in row["versions"].items()])
+    d = row["decision"]
+    by = f" ({d['by']})" if d["by"] else ""
+    print(f"decision: {d['action']}{by}: {'; '.join(d['reasons'])}\n")
+
 
 def run(args: argparse.Namespace) -> int:
     store = Store(args.db)

@@ -62,10 +62,16 @@ class Deployment:
 
 @dataclass(slots=True)
 class Deployments:
-    by_name: dict[str, Deployment] = field(default_factory=dict)
+    by_name: dict[str, Deployment] = field(default_factory=dict)  # the stable version of each name
     default: str | None = None
+    canaries: dict[str, Deployment] = field(default_factory=dict)  # a second version beside by_name[name]
+    weights: dict[str, float] = field(default_factory=dict)  # share of a name's requests its canary takes
+    credit: dict[str, float] = field(default_factory=dict)  # the canary's share owed so far (exact, not random)
 
-    def add(self, deployment: Deployment) -> None:
+    def add(self, deployment: Deployment, canary: bool = False) -> None:
+        if canary:
+            self.canaries[deployment.name] = deployment
+            return
         self.by_name[deployment.name] = deployment
         self.default = self.default or deployment.name
 
@@ -77,6 +83,28 @@ class Deployments:
         def up(x: Deployment) -> bool:
             return not x.upstreams or any(u.healthy for u in x.upstreams)
         return up(d) or any(up(f) for f in map(self.by_name.get, d.fallbacks) if f is not None)
+
+    def route(self, name: str | None) -> Deployment | None:
+        """The version that serves one request for `name`: every 1/weight-th goes to its canary, the rest stable."""
+        stable = self.get(name)
+        weight = self.weights.get(stable.name, 0.0) if stable is not None else 0.0
+        if weight <= 0:
+            return stable
+        credit = self.credit.get(stable.name, 0.0) + weight
+        canary = self.canaries.get(stable.name) if credit >= 1 else None
+        self.credit[stable.name] = credit - 1 if canary is not None else credit
+        return canary or stable
+
+    def promote(self, name: str) -> Deployment:
+        """The canary becomes the name's stable version; the old stable one is returned (out of routing)."""
+        self.weights.pop(name, None)
+        old, self.by_name[name] = self.by_name[name], self.canaries[name]
+        del self.canaries[name]
+        return old
+
+    def drop_canary(self, name: str) -> Deployment:
+        self.weights.pop(name, None)
+        return self.canaries.pop(name)
 
 
 def describe_upstream(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> dict:
