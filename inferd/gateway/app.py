@@ -38,11 +38,11 @@ access_log = logging.getLogger("inferd.gateway.access")
 
 PROBE_INTERVAL_S = 2.0
 FALLBACK_HEADER = "x-inferd-fallback"
+UNKNOWN_MODEL = "unknown"  # requests refused before their model was resolved
 
 
 class DeadlineUnmeetable(ServiceUnavailable):
     code = "deadline_unmeetable"
-UNKNOWN_MODEL = "unknown"  # requests refused before their model was resolved
 
 
 class Gateway:
