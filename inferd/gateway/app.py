@@ -144,7 +144,7 @@ class GatewayRoutes:
 
     async def metrics(self, request: Request) -> Response:
         """The gateway's metrics, then those of its own replicas (labelled replica=...)."""
-        ours = [u for d in self.gw.deployments.by_name.values() if d.internal_headers for u in d.upstreams]
+        ours = [u for d in self.gw.deployments.every() if d.internal_headers for u in d.upstreams]
         text = self.gw.metrics.render() + await replica_metrics(self.gw.client, ours)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
@@ -341,7 +341,7 @@ def usage_mode(body: SamplingRequest) -> str:
 async def probe_upstreams(gateway: Gateway) -> None:
     """Mark replicas healthy or not from their /ready, every PROBE_INTERVAL_S."""
     while True:
-        for d in gateway.deployments.by_name.values():
+        for d in gateway.deployments.every():
             for u in d.upstreams:
                 u.healthy = await _probe(gateway.client, u, d.internal_headers)
         await asyncio.sleep(PROBE_INTERVAL_S)

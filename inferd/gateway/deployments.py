@@ -78,6 +78,10 @@ class Deployments:
     def get(self, name: str | None) -> Deployment | None:
         return self.by_name.get(name or self.default or "")
 
+    def every(self) -> list[Deployment]:
+        """Every deployment, canaries included."""
+        return [*self.by_name.values(), *self.canaries.values()]
+
     def servable(self, d: Deployment) -> bool:
         """A healthy replica, none at all (scaled to zero: a request starts one), or a fallback that is."""
         def up(x: Deployment) -> bool:
