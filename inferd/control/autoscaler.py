@@ -89,7 +89,9 @@ class Autoscaler:
             out.append(f"waiting tokens {s.waiting_tokens} > {a.max_waiting_tokens_per_replica} per replica")
         if s.kv_usage > a.max_kv_usage:
             out.append(f"KV usage {s.kv_usage:.2f} > {a.max_kv_usage:g}")
-        if a.target_ttft_ms is not None and s.ttft_p95_s is not None and s.ttft_p95_s * 1000 > a.target_ttft_ms:
+        busy = s.queue_length > 0 or s.inflight > ready * self.max_num_seqs * IDLE_UTILIZATION
+        if a.target_ttft_ms is not None and s.ttft_p95_s is not None and s.ttft_p95_s * 1000 > a.target_ttft_ms \
+                and busy:  # slow first tokens on idle replicas: more replicas would not help
             out.append(f"TTFT p95 {s.ttft_p95_s * 1000:.0f} ms > {a.target_ttft_ms:g} ms")
         return out
 

@@ -25,7 +25,8 @@ def test_each_signal_breaches_on_its_own():
     a = scaler(target_ttft_ms=500, max_kv_usage=0.8, max_waiting_tokens_per_replica=100)
     assert a.breaches(Signals(1, 0, waiting_tokens=150), False)[0].startswith("waiting tokens 150")
     assert a.breaches(Signals(1, 0, kv_usage=0.9), False)[0].startswith("KV usage 0.90")
-    assert a.breaches(Signals(1, 0, ttft_p95_s=0.7), False)[0].startswith("TTFT p95 700 ms")
+    assert a.breaches(Signals(1, 0, ttft_p95_s=0.7, inflight=3), False)[0].startswith("TTFT p95 700 ms")
+    assert a.breaches(Signals(1, 0, ttft_p95_s=0.7, inflight=1), False) == []  # idle: a slow model, not load
     assert a.breaches(Signals(1, 0, ttft_p95_s=0.3, kv_usage=0.5, waiting_tokens=50), False) == []
 
 
