@@ -14,7 +14,9 @@ class EngineConfig:
     quantization: str = "none"  # none | int8 (weight-only, per output channel; fp32 activations)
     paged_attention_kernel: bool = True  # fp32 decode attention in C++, built on first use (torch path if not)
     num_threads: int | None = None  # torch threads for the engine; default: all cores
-    num_speculative_tokens: int = 0  # prompt-lookup drafts verified per step (0: off; see benchmarks/spec_decode.py)
+    num_speculative_tokens: int = 0  # drafts verified per step (0: off; see benchmarks/spec_decode.py)
+    speculative_model: str | None = None  # drafts by: None prompt lookup; a .gguf/HF dir of the same tokenizer;
+    # "layers:N" the model's own first N layers (engine/draft.py)
     scheduling_policy: str = "priority"  # fcfs | priority (the gateway's class; lower classes preempted first)
     enable_prefix_caching: bool = True  # reuse the KV of full prompt blocks seen before in the same namespace
     public_prefixes: list[list[int]] = field(default_factory=list)  # token ids (system prompts) all namespaces share
@@ -28,5 +30,7 @@ class EngineConfig:
             raise ValueError("kv_cache_gib must be positive")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be fcfs or priority; got {self.scheduling_policy!r}")
+        if self.speculative_model and self.num_speculative_tokens < 1:
+            raise ValueError("a speculative model needs num_speculative_tokens (the drafts per step) >= 1")
         if any(not prefix for prefix in self.public_prefixes):
             raise ValueError("a public prefix must hold at least one token id")

@@ -5,6 +5,7 @@ import torch
 
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.config import EngineConfig
+from inferd.engine.draft import DraftModel, first_layers, layer_skip_depth, load_draft
 from inferd.engine.grammar import GrammarCompiler, GrammarMasker, accept_token
 from inferd.engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from inferd.engine.request import EngineError, RequestOutput, SamplingParams, TokenLogprob
@@ -56,17 +57,11 @@ class LLMEngine:
                              f"{mc.max_position_embeddings}")
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         self.eos_token_ids = set(model.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
-        net = LlamaForCausalLM(mc, self.max_model_len)
-        net.load_weights(model.weights)
-        self.model = net.to(self.dtype).eval()
-        if config.quantization == "int8":
-            quantize_linears(self.model, load_int8_kernel())
-        if config.pack_weights:
-            pack_linears(self.model, self.dtype)
-        if config.paged_attention_kernel and self.dtype == torch.float32:
-            self.model.use_decode_kernel(load_kernel())
-        num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 //
-                                                 kv_cache_bytes_per_block(mc, config.block_size, self.dtype))
+        self.model = self._network(model)
+        draft = load_draft(config.speculative_model, model) if config.speculative_model else None
+        block_bytes = sum(kv_cache_bytes_per_block(m.config, config.block_size, self.dtype) for m in (model, draft)
+                          if m is not None)  # a draft model's KV cache has the target's blocks
+        num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 // block_bytes)
         if num_blocks < 1:
             raise ValueError(f"a KV cache of {config.kv_cache_gib} GiB holds no {config.block_size}-token block "
                              "of this model; raise kv_cache_gib")
@@ -82,9 +77,35 @@ class LLMEngine:
         self.masker = GrammarMasker(self.grammars, mc.vocab_size)
         self.seqs: dict[str, Sequence] = {}
         spec = SpecConfig(config.num_speculative_tokens)
-        self.speculator = Speculator(spec, self.blocks, self.max_model_len) if spec.num_draft_tokens else None
+        proposer = self._draft_model(draft) if config.speculative_model else None
+        self.speculator = Speculator(spec, self.blocks, self.max_model_len, proposer) if spec.num_draft_tokens else None
         log.info("engine: dtype=%s kv_blocks=%d block_size=%d max_model_len=%d prefix_caching=%s", self.dtype,
                  num_blocks, config.block_size, self.max_model_len, "on" if config.enable_prefix_caching else "off")
+        if self.speculator is not None:
+            log.info("speculative decoding: %d drafts per step from %s", spec.num_draft_tokens,
+                     config.speculative_model or "prompt lookup")
+
+    def _network(self, model: LoadedModel) -> LlamaForCausalLM:
+        net = LlamaForCausalLM(model.config, self.max_model_len)
+        net.load_weights(model.weights)
+        net = net.to(self.dtype).eval()
+        if self.config.quantization == "int8":
+            quantize_linears(net, load_int8_kernel())
+        if self.config.pack_weights:
+            pack_linears(net, self.dtype)
+        if self.config.paged_attention_kernel and self.dtype == torch.float32:
+            net.use_decode_kernel(load_kernel())
+        return net
+
+    def _draft_model(self, draft: LoadedModel | None) -> DraftModel:
+        """The draft model on its own KV cache or (draft None, layers:N) the target's first N layers on its cache."""
+        vocab = self.model.config.vocab_size
+        if draft is not None:
+            return DraftModel(ModelRunner(self._network(draft), self.blocks, self.dtype), False, vocab,
+                              self.sampler.probs)
+        n = layer_skip_depth(self.config.speculative_model)
+        runner = ModelRunner(first_layers(self.model, n), self.blocks, self.dtype, self.runner.kv_cache[:n])
+        return DraftModel(runner, True, vocab, self.sampler.probs)
 
     # ---- requests
 

@@ -1,17 +1,19 @@
-"""Speculative decoding by prompt lookup: draft tokens copied from earlier in the sequence, verified by the model.
+"""Speculative decoding: draft tokens proposed cheaply, verified by the model in one forward.
 
-A decoding sequence whose last tokens (an n-gram) occurred before proposes the k tokens that followed
-them. The model computes the last token and the k drafts in one forward; draft i is kept when the
-model agrees with it, by the rule that leaves the output distribution unchanged (Leviathan et al.
-2023): with a greedy request, when it is the argmax; with a sampled one, with probability p(draft)
-(the draft is a point mass, q = 1), and on the first rejection the token is drawn from p with the
-draft removed. One more token (the "bonus") always comes from the model, so a step yields 1 to k + 1.
+Drafts come from prompt lookup (the k tokens that followed the latest earlier occurrence of the sequence's
+last n-gram) or from a draft model (engine/draft.py: a smaller model of the same tokenizer, or the target's
+first layers). The model computes the last token and the k drafts in one forward; draft i is kept by the rule
+that leaves the output distribution unchanged (Leviathan et al. 2023): with a greedy request, when it is the
+argmax; with a sampled one, with probability min(1, p(draft) / q(draft)), where q is the draft's distribution
+(a point mass, q = 1, for prompt lookup), and on the first rejection the token is drawn from
+norm(max(0, p - q)). One more token (the "bonus") always comes from the model, so a step yields 1 to k + 1.
 """
 from dataclasses import dataclass, field
 
 import torch
 
 from inferd.engine.block_manager import BlockManager
+from inferd.engine.draft import DraftModel
 from inferd.engine.scheduler import Batch, ScheduledSeq
 from inferd.engine.sequence import Sequence
 
@@ -31,53 +33,75 @@ class SpecConfig:
 class SpecStats:
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)  # drafts proposed at position 1, 2, ...
     accepted_by_position: list[int] = field(default_factory=list)  # drafts accepted at position 1, 2, ...
 
 
 class Speculator:
-    """Adds prompt-lookup drafts to a scheduled batch, then turns verified logits into the kept tokens."""
+    """Adds drafts to a scheduled batch, then turns verified logits into the kept tokens."""
 
-    def __init__(self, config: SpecConfig, blocks: BlockManager, max_model_len: int):
+    def __init__(self, config: SpecConfig, blocks: BlockManager, max_model_len: int,
+                 draft_model: DraftModel | None = None):
         self.config = config
         self.blocks = blocks
         self.max_model_len = max_model_len
-        self.stats = SpecStats(accepted_by_position=[0] * config.num_draft_tokens)
+        self.draft_model = draft_model  # None: prompt lookup
+        k = config.num_draft_tokens
+        self.stats = SpecStats(drafted_by_position=[0] * k, accepted_by_position=[0] * k)
+        self.draft_probs: dict[Sequence, torch.Tensor] = {}  # this step's q rows of sampled draft-model drafts
 
     def draft(self, batch: Batch) -> None:
-        """Decodes with a draft become chunks of 1 + k tokens (their drafts appended to token_ids for now)."""
-        keep = []
+        """Decodes with drafts become chunks of 1 + k tokens (their drafts appended to token_ids until verified).
+        A draft model also computes this step's prompt chunks."""
+        self.draft_probs.clear()
+        chosen, keep = [], []
         for item in batch.decodes:
-            draft = self._proposal(item.seq)
-            end = item.seq.num_computed_tokens + 1 + len(draft)
-            if draft and self.blocks.can_allocate(item.seq, end):
+            k = self._num_drafts(item.seq)
+            if k and self.draft_model is None:
+                item.draft = propose(item.seq.token_ids, k, self.config.ngram_max, self.config.ngram_min)
+                k = len(item.draft)
+            end = item.seq.num_computed_tokens + 1 + k
+            if k and self.blocks.can_allocate(item.seq, end):
                 self.blocks.allocate(item.seq, end)
-                item.seq.token_ids.extend(draft)
-                item.num_tokens, item.draft = 1 + len(draft), draft
-                batch.prefills.append(item)
+                chosen.append((item, k))
             else:
+                item.draft = None
                 keep.append(item)
+        if self.draft_model is not None:
+            seqs, ks = [item.seq for item, _ in chosen], [k for _, k in chosen]
+            drafts, qs = self.draft_model.propose(seqs, ks, batch.prefills)
+            for (item, _), draft, q in zip(chosen, drafts, qs):
+                item.draft = draft
+                if q is not None:
+                    self.draft_probs[item.seq] = q
+        for item, _ in chosen:
+            item.seq.token_ids.extend(item.draft)
+            item.num_tokens = 1 + len(item.draft)
+            batch.prefills.append(item)
         batch.decodes = keep
 
-    def _proposal(self, seq: Sequence) -> list[int]:
+    def _num_drafts(self, seq: Sequence) -> int:
         p = seq.params
         if p.logprobs or p.presence_penalty or p.frequency_penalty or getattr(seq, "grammar", None) is not None:
-            return []
+            return 0
         room = min(p.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq)) - 1  # the bonus token
-        k = min(self.config.num_draft_tokens, room)
-        return propose(seq.token_ids, k, self.config.ngram_max, self.config.ngram_min) if k > 0 else []
+        return max(0, min(self.config.num_draft_tokens, room))
 
     def verify(self, item: ScheduledSeq, logits: torch.Tensor, probs) -> list[int]:
         """Rolls the drafts back out of the sequence and returns the tokens to append (1 to k + 1)."""
         seq, draft = item.seq, item.draft
         del seq.token_ids[len(seq.token_ids) - len(draft):]
         kept = accept_greedy(logits, draft) if seq.params.greedy else accept_sampled(
-            probs(logits, seq), draft, seq.generator)
+            probs(logits, seq), draft, seq.generator, self.draft_probs.pop(seq, None))
         accepted = len(kept) - 1
         seq.num_computed_tokens += 1 + accepted  # KV of the last token and of the accepted drafts is right
+        if self.draft_model is not None:
+            self.draft_model.roll_back(seq)
         self.stats.draft_tokens += len(draft)
         self.stats.accepted_tokens += accepted
-        for i in range(accepted):
-            self.stats.accepted_by_position[i] += 1
+        for i in range(len(draft)):
+            self.stats.drafted_by_position[i] += 1
+            self.stats.accepted_by_position[i] += int(i < accepted)
         return kept
 
 
@@ -101,14 +125,20 @@ def accept_greedy(logits: torch.Tensor, draft: list[int]) -> list[int]:
     return draft[:kept] + [best[kept]]
 
 
-def accept_sampled(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None) -> list[int]:
-    """probs: (k + 1, vocab), the request's sampling distribution at each position (temperature, top-k/p)."""
+def accept_sampled(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None,
+                   draft_probs: torch.Tensor | None = None) -> list[int]:
+    """probs: (k + 1, vocab), the request's sampling distribution at each position (temperature, top-k/p);
+    draft_probs: (k, vocab), the distribution q each draft was drawn from; None for point masses (q = 1)."""
     uniforms = torch.rand(len(draft), generator=generator).tolist()
     for i, token in enumerate(draft):
-        if uniforms[i] < probs[i, token].item():
+        q = 1.0 if draft_probs is None else draft_probs[i, token].item()
+        if uniforms[i] * q < probs[i, token].item():  # u < p / q
             continue
-        residual = probs[i].clone()
-        residual[token] = 0.0
+        if draft_probs is None:
+            residual = probs[i].clone()
+            residual[token] = 0.0
+        else:
+            residual = (probs[i] - draft_probs[i]).clamp_(min=0.0)
         return draft[:i] + [_draw(residual, generator)]
     return draft + [_draw(probs[len(draft)], generator)]
 
