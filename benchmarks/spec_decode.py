@@ -1,12 +1,16 @@
-"""Speculative decoding (prompt lookup): decode speed with k drafts per step against none, per workload.
+"""Speculative decoding: decode speed with k drafts per step against none, per workload and draft source.
 
 Workloads (SmolLM2-135M-Instruct, chat template, greedy, fp32, 128 new tokens):
 - copy: the answer quotes given excerpts ("repeat the excerpt word for word"), where drafts hit;
 - free: open generation (a story), where the model rarely repeats itself.
-Reported per k and batch size (1 and 8): decode tokens/s (all tokens after the first, over the time of
-the steps that made them), the speedup over k = 0, and the acceptance rate by draft position.
+Draft sources (--draft, comma-separated): lookup (prompt lookup), layers:N (a self-speculative layer-skip
+draft: the model's own first N of its 30 layers, its final norm and lm_head; no smaller model of SmolLM2's
+tokenizer ships here), or the path of a draft model of the same tokenizer.
+Reported per draft, k and batch size (1 and 8): decode tokens/s (all tokens after the first, over the time of
+the steps that made them, drafting included), the speedup over k = 0, and the acceptance rate by draft position.
 
     python benchmarks/spec_decode.py --out benchmarks/results/spec_decode.json
+    python benchmarks/spec_decode.py --draft lookup,layers:8,layers:15 --ks 0,2,4 --out ...
 """
 import argparse
 import json
@@ -62,21 +66,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ks", default="0,2,4,6")
     p.add_argument("--batches", default="1,8")
+    p.add_argument("--draft", default="lookup", help="draft sources, comma-separated: lookup, layers:N (the model's "
+                   "first N layers), or a draft model path (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     model = load_model(None, progress=False)
     rows, load = [], [os.getloadavg()[0]]
-    for k in (int(x) for x in args.ks.split(",")):
-        engine = LLMEngine(model, EngineConfig(dtype="float32", num_speculative_tokens=k, enable_prefix_caching=False))
+    ks = [int(x) for x in args.ks.split(",")]
+    runs = [(0, "none")] * (0 in ks) + [(k, d) for d in args.draft.split(",") for k in ks if k]
+    for k, draft in runs:
+        engine = LLMEngine(model, EngineConfig(dtype="float32", num_speculative_tokens=k, enable_prefix_caching=False,
+                                               speculative_model=None if draft in ("none", "lookup") else draft))
         for workload, texts in (("copy", COPY), ("free", FREE)):
             for batch in (int(b) for b in args.batches.split(",")):
                 ids = prompts(model, texts, batch)
                 decode_rate(engine, ids)  # warm-up
                 before = _stats(engine)
                 rates = [decode_rate(engine, ids) for _ in range(args.repeats)]
-                rows.append({"k": k, "workload": workload, "batch": batch, "decode_tok_s": statistics.median(rates),
-                             "runs_tok_s": rates} | _acceptance(engine, before))
+                rows.append({"draft": draft, "k": k, "workload": workload, "batch": batch,
+                             "decode_tok_s": statistics.median(rates), "runs_tok_s": rates}
+                            | _acceptance(engine, before))
                 print(json.dumps(rows[-1]), flush=True)
     base = {(r["workload"], r["batch"]): r["decode_tok_s"] for r in rows if r["k"] == 0}
     for r in rows:
@@ -89,17 +99,19 @@ def main() -> None:
             json.dump(result, f, indent=2)
 
 
-def _stats(engine: LLMEngine) -> tuple[int, int, list[int]]:
+def _stats(engine: LLMEngine) -> tuple[int, int, list[int], list[int]]:
     s = engine.speculator.stats if engine.speculator else None
-    return (s.draft_tokens, s.accepted_tokens, list(s.accepted_by_position)) if s else (0, 0, [])
+    return (s.draft_tokens, s.accepted_tokens, list(s.drafted_by_position), list(s.accepted_by_position)) if s \
+        else (0, 0, [], [])
 
 
-def _acceptance(engine: LLMEngine, before: tuple[int, int, list[int]]) -> dict:
-    drafted, accepted, by_pos = _stats(engine)
-    drafted, accepted = drafted - before[0], accepted - before[1]
-    steps = [b - a for a, b in zip(before[2], by_pos)]
+def _acceptance(engine: LLMEngine, before: tuple[int, int, list[int], list[int]]) -> dict:
+    now = _stats(engine)
+    drafted, accepted = now[0] - before[0], now[1] - before[1]
+    by_pos = [[b - a for a, b in zip(then, later)] for then, later in zip(before[2:], now[2:])]
     return {"drafted": drafted, "accepted": accepted, "acceptance_rate": accepted / drafted if drafted else None,
-            "accepted_by_position": steps}
+            "drafted_by_position": by_pos[0], "accepted_by_position": by_pos[1],
+            "acceptance_by_position": [a / d if d else None for d, a in zip(*by_pos)]}
 
 
 if __name__ == "__main__":

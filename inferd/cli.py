@@ -14,7 +14,7 @@ LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 DEFAULTS = EngineConfig()
 ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "num_kv_blocks", "max_model_len",
                 "num_threads", "served_model_name", "quantization", "scheduling_policy",
-                "num_speculative_tokens")
+                "num_speculative_tokens", "speculative_model")
 
 
 # parser
@@ -33,7 +33,10 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     p.add_argument("--num-threads", type=int, default=None, help="torch threads for the engine (default: all cores)")
     p.add_argument("--num-speculative-tokens", type=int, default=DEFAULTS.num_speculative_tokens,
-                   help="prompt-lookup drafts verified per decode step (0: off)")
+                   help="drafts verified per decode step (0: off); by prompt lookup unless --speculative-model")
+    p.add_argument("--speculative-model", default=None, metavar="PATH|layers:N",
+                   help="draft model: a smaller .gguf or model directory of the same tokenizer, or layers:N (the "
+                   "model's own first N layers); needs --num-speculative-tokens")
     p.add_argument("--scheduling-policy", choices=["priority", "fcfs"], default=DEFAULTS.scheduling_policy,
                    help="priority: the gateway's class (interactive before batch, batch preempted first); fcfs")
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
@@ -85,7 +88,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
                             num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
                             num_threads=args.num_threads, enable_prefix_caching=args.enable_prefix_caching,
                             quantization=args.quantization, scheduling_policy=args.scheduling_policy,
-                            num_speculative_tokens=args.num_speculative_tokens)
+                            num_speculative_tokens=args.num_speculative_tokens,
+                            speculative_model=args.speculative_model)
     except ValueError as exc:
         raise SystemExit(f"inferd {args.command}: error: {exc}")
 
