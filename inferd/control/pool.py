@@ -196,6 +196,7 @@ class ReplicaPool:
         ok = False
         try:
             await asyncio.to_thread(m.handle.start)
+            m.upstream.base_url = m.handle.url.rstrip("/")  # a Ray replica's URL is known once it is placed
             if m.state == STARTING and not self._closed:
                 await asyncio.to_thread(m.handle.wait_ready, READY_TIMEOUT_S)
                 ok = m.state == STARTING and not self._closed
