@@ -43,8 +43,10 @@ def replica_args(d: DeploymentSpec) -> list[str]:
     r = d.runtime
     out = [] if d.model.source == "default" else [d.model.source]
     out += ["--served-model-name", d.name, "--dtype", r.dtype, "--max-num-seqs", str(r.max_num_seqs),
-            "--max-num-batched-tokens", str(r.max_num_batched_tokens), "--kv-cache-gib", str(r.kv_cache_gib)]
-    for name in ("max_model_len", "num_threads"):
+            "--max-num-batched-tokens", str(r.max_num_batched_tokens), "--kv-cache-gib", str(r.kv_cache_gib),
+            "--quantization", r.quantization, "--scheduling-policy", r.scheduling_policy,
+            "--num-speculative-tokens", str(r.num_speculative_tokens)]
+    for name in ("max_model_len", "num_threads", "speculative_model"):
         if getattr(r, name) is not None:
             out += [f"--{name.replace('_', '-')}", str(getattr(r, name))]
     return out + ([] if r.enable_prefix_caching else ["--no-prefix-caching"])

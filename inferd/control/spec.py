@@ -17,6 +17,8 @@ from inferd.gateway.config import ModelPrice
 from inferd.router.router import RouterConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8")
+SCHEDULING_POLICIES = ("priority", "fcfs")
 
 
 class SpecError(ValueError):
@@ -38,6 +40,10 @@ class RuntimeSpec:
     max_model_len: int | None = None
     num_threads: int | None = None  # the replica shape on CPU: threads per replica
     enable_prefix_caching: bool = True
+    quantization: str = "none"  # or int8 (weight-only)
+    scheduling_policy: str = "priority"  # or fcfs
+    num_speculative_tokens: int = 0  # drafts per decode step (0: off)
+    speculative_model: str | None = None  # a .gguf / HF directory of the same tokenizer, or layers:N
 
 
 @dataclass(slots=True)
@@ -306,6 +312,17 @@ def _check_runtime(r: RuntimeSpec, where: str) -> None:
             raise SpecError(f"{where}.{name}: must be at least 1")
     if r.kv_cache_gib <= 0:
         raise SpecError(f"{where}.kv_cache_gib: must be above 0")
+    for name, allowed in (("quantization", QUANTIZATIONS), ("scheduling_policy", SCHEDULING_POLICIES)):
+        if getattr(r, name) not in allowed:
+            raise SpecError(f"{where}.{name}: must be one of {', '.join(allowed)}")
+    if r.num_speculative_tokens < 0:
+        raise SpecError(f"{where}.num_speculative_tokens: must be at least 0")
+    if r.speculative_model is not None:
+        if r.num_speculative_tokens < 1:
+            raise SpecError(f"{where}.speculative_model: needs num_speculative_tokens of at least 1")
+        m = r.speculative_model
+        if not (m.startswith("layers:") and m[7:].isdigit()) and not Path(m).expanduser().exists():
+            raise SpecError(f"{where}.speculative_model: {m} is neither layers:N nor an existing model path")
     cores = os.cpu_count() or 1
     if r.num_threads is not None and r.num_threads > cores:
         raise SpecError(f"{where}.num_threads: {r.num_threads} threads, but this machine has {cores} cores")

@@ -68,6 +68,11 @@ def _spec_metrics(spec) -> Iterator[Metric]:
     for i, n in enumerate(spec.accepted_by_position):
         by_position.add_metric([str(i + 1)], n)
     yield by_position
+    drafted = CounterMetricFamily("inferd_spec_decode_drafted_by_position", "Drafts proposed at each position "
+                                  "(acceptance at position i = accepted / drafted).", labels=["position"])
+    for i, n in enumerate(spec.drafted_by_position):
+        drafted.add_metric([str(i + 1)], n)
+    yield drafted
 
 
 # request metrics
