@@ -10,10 +10,18 @@ from gguf.gguf_reader import ReaderTensor
 from tokenizers import Tokenizer as HFTokenizer
 from tqdm import tqdm
 
+from inferd.models import gguf_cache
 from inferd.models.config import LoadedModel, ModelConfig
 from inferd.models.errors import ModelLoadError
-from inferd.models.tokenizer import (LLAMA3_PRE, Tokenizer, add_vocab_special_tokens, byte_level_bpe,
-                                     sentencepiece_bpe, turn_end_token_ids, unique_ids)
+from inferd.models.tokenizer import (
+    LLAMA3_PRE,
+    Tokenizer,
+    add_vocab_special_tokens,
+    byte_level_bpe,
+    sentencepiece_bpe,
+    turn_end_token_ids,
+    unique_ids,
+)
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 PERMUTED_ARCHS = ("llama", "mistral")
@@ -39,7 +47,22 @@ class PlainArrayReader(gguf.GGUFReader):
 
 
 def load_gguf(path: Path, progress: bool = True) -> LoadedModel:
-    """Read a GGUF file: config from metadata, float32 weights under Hugging Face names, tokenizer."""
+    """Read a GGUF file: config from metadata, float32 weights under Hugging Face names, tokenizer.
+
+    What it produces is cached per file digest (inferd.models.gguf_cache): later loads skip the parsing."""
+    with path.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    cached = gguf_cache.read(digest)
+    if cached is not None:
+        config, weights, tokenizer = cached
+    else:
+        config, weights, tokenizer = read_gguf(path, progress)
+        gguf_cache.write(digest, config, weights, tokenizer)
+    return LoadedModel(name=model_name(path), path=path, config=config, weights=weights, tokenizer=tokenizer,
+                       digests=digests(digest, tokenizer))
+
+
+def read_gguf(path: Path, progress: bool) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     try:
         reader = PlainArrayReader(path)
     except ValueError as exc:
@@ -51,17 +74,14 @@ def load_gguf(path: Path, progress: bool = True) -> LoadedModel:
     config = read_config(reader, arch, tokenizer)
     weights = read_weights(reader, config, arch, progress)
     check_vocab_size(config, weights)
-    return LoadedModel(name=model_name(path), path=path, config=config, weights=weights, tokenizer=tokenizer,
-                       digests=digests(path, tokenizer))
+    return config, weights, tokenizer
 
 
 def model_name(path: Path) -> str:
     return QUANT_TAG.sub("", path.stem)
 
 
-def digests(path: Path, tokenizer: Tokenizer) -> dict[str, str]:
-    with path.open("rb") as f:
-        weights = hashlib.file_digest(f, "sha256").hexdigest()
+def digests(weights: str, tokenizer: Tokenizer) -> dict[str, str]:
     return {"weights": weights, "tokenizer": sha256_text(tokenizer.hf_tokenizer.to_str()),
             "chat_template": sha256_text(tokenizer.chat_template or "")}
 

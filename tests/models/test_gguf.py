@@ -249,3 +249,40 @@ def test_smollm2_weights(smollm2):
     assert w["model.layers.0.self_attn.k_proj.weight"].shape == (192, 576)
     assert w["model.layers.0.mlp.down_proj.weight"].shape == (576, 1536)
     assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in w.values())
+
+
+# ---- the load cache
+
+def test_a_second_load_comes_from_the_cache_and_equals_the_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERD_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "tiny.gguf", hf_weights(), Q.Q8_0)
+    first = load_model(path, progress=False)
+    entries = list((tmp_path / "cache" / "gguf").iterdir())
+    assert [e.name for e in entries] == [f"{first.digests['weights']}-v1"]
+    monkeypatch.setattr("inferd.models.gguf.read_gguf", lambda *a: pytest.fail("parsed the GGUF again"))
+    second = load_model(path, progress=False)
+    assert second.config == first.config and second.digests == first.digests
+    assert second.weights.keys() == first.weights.keys()
+    assert all(torch.equal(second.weights[k], first.weights[k]) for k in first.weights)
+    t1, t2 = first.tokenizer, second.tokenizer
+    assert (t2.chat_template, t2.bos_token_id, t2.eos_token_ids, t2.add_bos) == \
+        (t1.chat_template, t1.bos_token_id, t1.eos_token_ids, t1.add_bos)
+    assert t2.encode("hi hi!") == t1.encode("hi hi!")
+
+
+def test_a_damaged_cache_entry_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERD_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "tiny.gguf", hf_weights(), Q.F32)
+    first = load_model(path, progress=False)
+    (tmp_path / "cache" / "gguf" / f"{first.digests['weights']}-v1" / "weights.safetensors").write_bytes(b"junk")
+    again = load_model(path, progress=False)  # from the file, and the entry is written again
+    assert all(torch.equal(again.weights[k], first.weights[k]) for k in first.weights)
+    monkeypatch.setattr("inferd.models.gguf.read_gguf", lambda *a: pytest.fail("parsed the GGUF again"))
+    assert load_model(path, progress=False).digests == first.digests
+
+
+def test_the_cache_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")
+    load_model(write_gguf(tmp_path / "tiny.gguf", hf_weights(), Q.F32), progress=False)
+    assert not (tmp_path / "cache").exists()
