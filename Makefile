@@ -31,7 +31,7 @@ serve: install
 	$(BIN)/inferd serve --host $(HOST) --port $(PORT)
 
 test: install-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 bench-engine: install-test
 	$(BIN)/python benchmarks/engine.py --out benchmarks/results/engine.json
