@@ -2,6 +2,22 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
+
 # Loaded GGUF files are cached per digest (inferd.models.gguf_cache): the tests (and the servers they start)
 # share one cache of their own, never the user's.
 os.environ.setdefault("INFERD_CACHE_DIR", str(Path(tempfile.gettempdir()) / "inferd-test-cache"))
+
+SMOLLM2_KEY = "sk-e2e-secret"
+SMOLLM2_MAX_MODEL_LEN = 1024
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(tmp_path_factory):
+    """One plain `inferd serve` (SmolLM2, float32) shared by the modules that need nothing more of it: its
+    URL and its log. Each server start costs CI ~20 s."""
+    from tests.server import running_server
+    log_path = tmp_path_factory.mktemp("smollm2") / "serve.log"
+    with running_server(log_path, "--api-key", SMOLLM2_KEY, "--max-model-len", str(SMOLLM2_MAX_MODEL_LEN),
+                        "--kv-cache-gib", "0.25") as url:
+        yield url, log_path

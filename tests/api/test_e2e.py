@@ -1,7 +1,6 @@
 """The real `inferd serve` (default SmolLM2 model, float32) driven by the official openai client."""
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -9,20 +8,16 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server import db_url, inferd, new_tenant_key, running_server
+from tests.server import db_url, inferd, new_tenant_key
 
-API_KEY = "sk-e2e-secret"
-MAX_MODEL_LEN = 1024
+from tests.conftest import SMOLLM2_KEY as API_KEY, SMOLLM2_MAX_MODEL_LEN as MAX_MODEL_LEN
 
 
 # server
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
-    log_path = tmp_path_factory.mktemp("inferd") / "serve.log"
-    with running_server(log_path, "--api-key", API_KEY, "--max-model-len", str(MAX_MODEL_LEN),
-                        "--kv-cache-gib", "0.25") as url:
-        yield url, log_path
+def server(smollm2_server) -> tuple[str, Path]:
+    return smollm2_server
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 process, then the real `inferd serve` with SmolLM2) through the openai client."""
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import jsonschema
 import openai
@@ -17,7 +16,7 @@ from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import GrammarError, ResponseFormat
 from inferd.replica.server import ReplicaConfig, build_replica_app
-from tests.server import running_server
+from tests.conftest import SMOLLM2_KEY
 from tests.tiny import tiny_loaded_model
 
 USER = [{"role": "user", "content": "hi"}]
@@ -154,11 +153,8 @@ ALICE = [{"role": "user", "content": "Describe Alice, a 30 year old who likes ch
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory) -> Iterator[openai.OpenAI]:
-    log_path: Path = tmp_path_factory.mktemp("inferd") / "serve.log"
-    args = ("--api-key", "sk-structured", "--max-model-len", "1024", "--kv-cache-gib", "0.25")
-    with running_server(log_path, *args) as url:
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key="sk-structured", max_retries=0, timeout=120)
+def smollm2(smollm2_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{smollm2_server[0]}/v1", api_key=SMOLLM2_KEY, max_retries=0, timeout=120)
 
 
 def test_smollm2_greedy_json_schema(smollm2):

@@ -2,25 +2,21 @@
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from inferd.bench.server import parse_metrics
-from tests.server import ROOT, running_server
+from tests.server import ROOT
 
-API_KEY = "sk-bench-e2e"
+from tests.conftest import SMOLLM2_KEY as API_KEY, SMOLLM2_MAX_MODEL_LEN
 NUM_REQUESTS, INPUT_TOKENS, OUTPUT_TOKENS, CANCELLING = 12, 32, 8, 3
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[str]:
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    with running_server(log_path, "--api-key", API_KEY, "--max-model-len", "256", "--kv-cache-gib", "0.05",
-                        "--log-level", "warning") as url:
-        yield url
+def server(smollm2_server) -> str:
+    return smollm2_server[0]
 
 
 def bench(url: str, out: Path, *extra: str, command: str = "run") -> subprocess.CompletedProcess:
@@ -92,5 +88,5 @@ def test_sweep_reports_a_capacity(server, tmp_path):
 def test_wrong_key_and_too_long_input_are_clear_errors(server, tmp_path):
     done = bench(server, tmp_path / "x", "--api-key", "wrong")
     assert done.returncode == 2 and "answered 401" in done.stderr
-    done = bench(server, tmp_path / "x", "--input-tokens", "250")
-    assert done.returncode == 2 and "exceed the server's max_model_len of 256" in done.stderr
+    done = bench(server, tmp_path / "x", "--input-tokens", str(SMOLLM2_MAX_MODEL_LEN - 6))
+    assert done.returncode == 2 and f"exceed the server's max_model_len of {SMOLLM2_MAX_MODEL_LEN}" in done.stderr

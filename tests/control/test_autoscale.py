@@ -101,9 +101,9 @@ def test_a_load_step_scales_up_and_the_extra_replica_drains_when_it_stops(server
     assert completed(url) - before >= 4
     assert metric(url, "inferd_gateway_requests_total", model="chat", status="failed") is None
 
-    wait_for(lambda: replicas(url, "chat", "ready") == 1 and replicas(url, "chat", "draining") == 0, 60,
+    wait_for(lambda: replicas(url, "chat", "ready") == 1 and replicas(url, "chat", "draining") == 0
+             and "replica chat-1 drained and stopped" in log_path.read_text(), 60,
              "the extra replica drained and stopped", log_path)
-    assert "replica chat-1 drained and stopped" in log_path.read_text()
     assert chat(url, "chat").status_code == 200
 
 
