@@ -13,15 +13,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 
 import inferd
-from inferd.control.replicas import free_port
+from inferd.control.replicas import free_port, wait_until_ready
 from inferd.control.spec import PlacementSpec
 
 log = logging.getLogger(__name__)
@@ -150,18 +148,7 @@ class RayReplica:
         log.info("started replica in Ray actor %s on node %s, %s", self.name, self.node_id[:12], self.url)
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:
-        """Until /ready answers 200 (the replica ran a real one-token inference); raises if it exits."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"replica on {self.url} (Ray actor {self.name}) exited before it was ready")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"replica on {self.url} not ready after {timeout_s:.0f} s")
+        wait_until_ready(self.url, self.alive, lambda: f"(Ray actor {self.name}) exited", timeout_s)
 
     def alive(self) -> bool:
         ray, actor = _ray(), self.actor

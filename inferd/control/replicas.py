@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,6 +42,21 @@ class ReplicaHandle(Protocol):
     def stop(self, timeout_s: float = 15.0) -> None: ...
 
 
+def wait_until_ready(url: str, alive: Callable[[], bool], how_it_ended: Callable[[], str], timeout_s: float) -> None:
+    """Until url's /ready answers 200 (the replica ran a real one-token inference); raises if it ends first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"replica on {url} {how_it_ended()} before it was ready")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"replica on {url} not ready after {timeout_s:.0f} s")
+
+
 @dataclass(slots=True, eq=False)
 class ReplicaProcess:
     """One `inferd replica` child on a loopback port, reachable only with its own random key."""
@@ -61,18 +77,7 @@ class ReplicaProcess:
         log.info("started replica pid %d on %s", self.proc.pid, self.url)
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:
-        """Until /ready answers 200 (the replica ran a real one-token inference); raises if it exits."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"replica on {self.url} exited with {self.proc.returncode} before it was ready")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"replica on {self.url} not ready after {timeout_s:.0f} s")
+        wait_until_ready(self.url, self.alive, lambda: f"exited with {self.proc.returncode}", timeout_s)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
