@@ -8,7 +8,6 @@ local ReplicaProcess does on loopback. The driver (`inferd serve`) ships its own
 import logging
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from typing import Any
 
 
 import inferd
-from inferd.control.replicas import free_port, wait_until_ready
+from inferd.control.replicas import free_port, terminate, wait_until_ready
 from inferd.control.spec import PlacementSpec
 
 log = logging.getLogger(__name__)
@@ -86,14 +85,7 @@ class ReplicaActor:
         return self.proc.pid
 
     def stop(self, timeout_s: float) -> None:
-        if self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc, timeout_s)
 
 
 def _bindable(host: str, port: int) -> bool:

@@ -83,11 +83,17 @@ class ReplicaProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc, timeout_s)
+
+
+def terminate(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM (the replica finishes its shutdown), SIGKILL if it takes longer than timeout_s."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
