@@ -175,13 +175,8 @@ def main() -> None:
             result[f"inferd {quantization}"] = inferd_results(model, quantization, batches, args.repeats,
                                                                   torch.get_num_threads())
     result["machine"]["load_average_after"] = _loadavg()
-    md = markdown(result)
-    print(md)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-        with open(args.out.removesuffix(".json") + ".md", "w") as f:
-            f.write(md + "\n")
+    from benchmarks.quantization import save_report  # here: the llama.cpp worker's venv has no torch
+    save_report(result, markdown(result), args.out)
 
 
 def markdown(r: dict) -> str:

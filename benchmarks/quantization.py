@@ -14,13 +14,13 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.linears import timed_ms
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
@@ -90,14 +90,6 @@ class RowScaledDynamicInt8(nn.Module):
         return torch.ops.quantized.linear_dynamic(x / r, self.packed, True) * r
 
 
-def timed_ms(fn, repeats: int) -> float:
-    fn()
-    runs = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        runs.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(runs)
 
 
 def candidates(kernel) -> dict:
@@ -249,12 +241,16 @@ def main() -> None:
                                                                                "w8a8_fbgemm": True},
                                             "bf16": {"dtype": "bfloat16", "quantization": "none"}})
     result["machine"]["load_average_after"] = _uptime()
-    md = markdown(result)
+    save_report(result, markdown(result), args.out)
+
+
+def save_report(result: dict, md: str, out: str | None) -> None:
+    """Print the Markdown table; with --out, write OUT (JSON) and OUT.md beside it."""
     print(md)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             json.dump(result, f, indent=2)
-        with open(args.out.removesuffix(".json") + ".md", "w") as f:
+        with open(out.removesuffix(".json") + ".md", "w") as f:
             f.write(md + "\n")
 
 
