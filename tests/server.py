@@ -1,23 +1,16 @@
 """Start a real `inferd serve` on a free loopback port for end-to-end tests."""
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
+
+from inferd.control.replicas import free_port, wait_until_ready  # noqa: F401 (free_port: for the tests)
 
 STARTUP_TIMEOUT_S = 180
 ROOT = Path(__file__).parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -64,14 +57,8 @@ def new_tenant_key(log_path: Path, name: str, *flags: str) -> str:
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"inferd serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"inferd serve not ready after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
+    try:
+        wait_until_ready(url, lambda: proc.poll() is None, lambda: f"(inferd serve) exited with {proc.returncode}",
+                         STARTUP_TIMEOUT_S)
+    except RuntimeError as exc:
+        pytest.fail(f"{exc}:\n{log_path.read_text()[-4000:]}")
