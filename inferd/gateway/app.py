@@ -211,12 +211,10 @@ class GatewayRoutes:
         oldest = max((s.oldest_age_s for s in deployment.queue.stats().values()), default=0.0)
         steps = deployment.degrader.update(oldest)
         left = None if deadline is None else deadline - time.monotonic()
-        degraded = degrade(steps, cls, left, deployment.queue.expected_wait_s(), plan.max_output_tokens)
-        if degraded.route_to and key.may_use(degraded.route_to):
+        degraded = degrade(steps, cls, left, deployment.queue.expected_wait_s(), plan.max_output_tokens, key.may_use)
+        if degraded.route_to:
             deployment = self.gw.deployments.get(degraded.route_to)
             plan, upstream_body = plan_request(deployment, key, body, raw, price(deployment.name))
-        elif degraded.route_to:
-            degraded.actions.remove(f"route:{degraded.route_to}")
         if degraded.max_tokens is not None and degraded.max_tokens < plan.max_output_tokens:
             plan, upstream_body = cap_output(plan, upstream_body, degraded.max_tokens, price(deployment.name))
         return deployment, plan, upstream_body, degraded

@@ -12,6 +12,7 @@ back down one. The steps (in the order the deployment lists them):
 Every degraded response carries `x-inferd-degraded: <actions>`, and the gateway counts them.
 """
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inferd.control.spec import DegradationSpec, DegradationStep
@@ -20,11 +21,11 @@ DEGRADED_HEADER = "x-inferd-degraded"
 
 
 class Degrader:
-    def __init__(self, spec: DegradationSpec):
+    def __init__(self, spec: DegradationSpec, now: float | None = None):
         self.spec = spec
         self.level = 0  # steps in force: spec.steps[:level]
         self._overloaded = False
-        self._mark = time.monotonic()  # when the current state began, or last moved the level
+        self._mark = time.monotonic() if now is None else now  # when the state began, or last moved the level
 
     def update(self, oldest_age_s: float, now: float | None = None) -> list[DegradationStep]:
         """The steps in force, given the age of the oldest queued request now."""
@@ -53,9 +54,10 @@ class Degradation:
 
 
 def degrade(steps: list[DegradationStep], priority_class: str, seconds_left: float | None,
-            expected_wait_s: float, max_output_tokens: int) -> Degradation:
+            expected_wait_s: float, max_output_tokens: int,
+            may_use: Callable[[str], bool] = lambda name: True) -> Degradation:
     """Apply the steps in force to one request: its class, the seconds left before its deadline (None: no
-    deadline) and the output tokens it may make per choice."""
+    deadline), the output tokens it may make per choice, and which deployments its key may use."""
     out = Degradation()
     for step in steps:
         if step.action == "reject_late":
@@ -67,7 +69,8 @@ def degrade(steps: list[DegradationStep], priority_class: str, seconds_left: flo
             out.max_tokens = step.max_tokens
             if "cap_max_tokens" not in out.actions:
                 out.actions.append("cap_max_tokens")
-        elif step.action == "route" and step.priority_class in (None, priority_class) and out.route_to is None:
+        elif step.action == "route" and step.priority_class in (None, priority_class) and out.route_to is None \
+                and may_use(step.to):
             out.route_to = step.to
             out.actions.append(f"route:{step.to}")
     return out

@@ -6,8 +6,7 @@ LADDER = [DegradationStep("reject_late"), DegradationStep("cap_max_tokens", max_
 
 
 def test_the_ladder_climbs_one_step_per_sustained_period_and_steps_back_down():
-    d = Degrader(DegradationSpec(LADDER, overload_queue_age_ms=1000, sustain_s=5))
-    d._mark = 0.0
+    d = Degrader(DegradationSpec(LADDER, overload_queue_age_ms=1000, sustain_s=5), now=0.0)
     assert d.update(0.5, now=1) == []  # not overloaded
     assert d.update(2.0, now=2) == []  # overloaded since 2
     assert d.update(2.0, now=6.9) == []
@@ -33,3 +32,5 @@ def test_a_request_is_degraded_by_the_steps_in_force():
     assert not batch.reject and batch.max_tokens is None and batch.route_to == "small"  # 16 < cap: not capped
     assert batch.header == {"x-inferd-degraded": "route:small"}
     assert not degrade([], "batch", 0.1, 30.0, 200).actions
+    barred = degrade(LADDER[2:], "batch", None, 30.0, 16, may_use=lambda name: name != "small")
+    assert barred.route_to is None and not barred.actions  # a key that may not use `small` stays
