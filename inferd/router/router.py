@@ -19,6 +19,7 @@ POLICIES = ("prefix", "least_loaded", "round_robin")
 class Replica(Protocol):
     name: str
     healthy: bool
+    draining: bool  # being let go: no new requests
     inflight: int
     inflight_tokens: int
 
@@ -46,7 +47,7 @@ class Router:
         self._turn = itertools.count()
 
     def pick(self, replicas: list[Replica], prompt_ids: list[int], namespace: str) -> Replica:
-        serving = [r for r in replicas if not getattr(r, "draining", False)] or replicas  # draining: no new work
+        serving = [r for r in replicas if not r.draining] or replicas  # draining: no new work
         candidates = [r for r in serving if r.healthy] or serving
         policy = self.config.policy
         if policy == "round_robin":

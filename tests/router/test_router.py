@@ -4,13 +4,14 @@ from dataclasses import dataclass
 import pytest
 
 from inferd.router.prefix_index import PrefixIndex, prefix_hashes
-from inferd.router.router import Router, RouterConfig
+from inferd.router.router import POLICIES, Router, RouterConfig
 
 
 @dataclass(eq=False)
 class Replica:
     name: str
     healthy: bool = True
+    draining: bool = False
     inflight: int = 0
     inflight_tokens: int = 0
 
@@ -50,6 +51,13 @@ def test_load_outweighs_a_small_affinity():
     router.index.add("r0", prefix_hashes("t", doc(1), 16)[:1])  # 1 of 10 blocks
     replicas[0].inflight, replicas[0].inflight_tokens = 8, 4000
     assert router.pick(replicas, doc(1), "t").name == "r1"
+
+
+def test_a_draining_replica_gets_no_new_requests():
+    replicas = [Replica("r0", draining=True), Replica("r1", inflight=5)]
+    for policy in POLICIES:
+        router = Router(RouterConfig(policy=policy))
+        assert {router.pick(replicas, [1] * 64, "t").name for _ in range(8)} == {"r1"}, policy
 
 
 def test_unhealthy_replicas_are_skipped_and_other_policies():
