@@ -6,7 +6,7 @@ import time
 
 from inferd.bench.cli import add_bench_parser
 from inferd.engine.config import EngineConfig
-from inferd.gateway import cli as gateway_cli
+from inferd.control import commands as gateway_cli
 
 log = logging.getLogger("inferd")
 
@@ -134,7 +134,7 @@ def _serve(args: argparse.Namespace) -> int:
     from inferd.control.launch import local_plans, spec_plans, start_deployments, stop_all
     from inferd.control.rollout import controller_for
     from inferd.control.spec import SpecError, load_spec
-    from inferd.gateway.launch import gateway_config, open_store, run_gateway
+    from inferd.control.gateway_setup import gateway_config, open_store, run_gateway
 
     if args.config and args.model:
         raise SystemExit("inferd serve: give MODEL (and engine flags) or --config, not both")
@@ -173,7 +173,7 @@ def _config(args: argparse.Namespace) -> int:
 
 def _gateway(args: argparse.Namespace) -> int:
     from inferd.gateway.deployments import Deployments, Upstream
-    from inferd.gateway.launch import deployment_for, gateway_config, open_store, run_gateway
+    from inferd.control.gateway_setup import deployment_for, gateway_config, open_store, run_gateway
 
     config = gateway_config(args, default_inflight=64)
     store = open_store(config, args.api_key)

@@ -14,8 +14,8 @@ from inferd.control.spec import DeploymentSpec, ServiceSpec
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.degrade import Degrader
-from inferd.gateway.deployments import Deployment, Deployments, Upstream
-from inferd.gateway.launch import deployment_for
+from inferd.gateway.deployments import Deployment, Deployments, TextModel, Upstream
+from inferd.control.gateway_setup import deployment_for
 
 
 @dataclass(slots=True)
@@ -134,8 +134,8 @@ def _unstarted_deployment(d: DeploymentSpec, queue: QueueConfig) -> Deployment:
     from inferd.models.loader import default_model_path, load_tokenizer
     from inferd.router.router import Router
     path = default_model_path() if d.model.source == "default" else Path(d.model.source).expanduser()
-    return Deployment(name=d.name, tokenizer=load_tokenizer(path),
-                      max_model_len=d.runtime.max_model_len or _context_length(path), upstreams=[],
+    model = TextModel(load_tokenizer(path), d.runtime.max_model_len or _context_length(path))
+    return Deployment(name=d.name, model=model, upstreams=[],
                       queue=AdmissionQueue(queue), version=d.version, upstream_model=d.name, router=Router(d.router))
 
 

@@ -326,9 +326,7 @@ class ReplicaPool:
             card = r.json()["data"][0]
         except (httpx.HTTPError, ValueError, KeyError, IndexError):
             return
-        d = self.deployment
-        d.max_model_len = card.get("max_model_len") or d.max_model_len
-        d.card |= {k: v for k, v in card.items() if k in ("max_model_len", "source_path", "digests")}
+        self.deployment.describe(card)
 
     def _observe_cold_start(self, upstream: Upstream, phases: dict[str, float]) -> None:
         self.cold_start.observe(phases)

@@ -14,6 +14,7 @@ import yaml
 
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.config import ModelPrice
+from inferd.gateway.degrade import DEGRADE_ACTIONS, DegradationSpec, DegradationStep
 from inferd.router.router import RouterConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -57,7 +58,6 @@ class ExternalSpec:
 
 PLACEMENTS = ("local", "ray")
 ROLES = ("stable", "canary")
-DEGRADE_ACTIONS = ("reject_late", "cap_max_tokens", "route")
 
 
 @dataclass(slots=True)
@@ -99,22 +99,6 @@ class RolloutSpec:
     probes: str | None = None  # a JSONL probe set: {"messages": [...], "expect": "regex"} per line
     min_probe_score: float = 1.0  # share of probes the canary must pass
     auto: bool = True  # promote or roll back by these rules without an operator
-
-
-@dataclass(slots=True)
-class DegradationStep:
-    action: str  # reject_late | cap_max_tokens | route
-    max_tokens: int | None = None  # cap_max_tokens: the cap
-    priority_class: str | None = None  # route: requests of this class (None: all)
-    to: str | None = None  # route: the (smaller) deployment that takes them
-
-
-@dataclass(slots=True)
-class DegradationSpec:
-    """Under sustained overload, climb these steps in order; each degraded response says so."""
-    steps: list[DegradationStep]
-    overload_queue_age_ms: float = 2000.0  # overloaded: the oldest queued request is this old ...
-    sustain_s: float = 5.0  # ... for this long; each further sustain_s climbs one more step
 
 
 @dataclass(slots=True)

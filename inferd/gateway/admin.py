@@ -9,8 +9,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from inferd.api.app import read_json
-from inferd.api.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
+from inferd.protocol.http import read_json
+from inferd.protocol.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied
 from inferd.gateway.policy import PolicyError, TenantPolicy
 from inferd.gateway.store import StoreError
 

@@ -12,7 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from inferd.gateway.policy import PRIORITY_CLASSES
+from inferd.protocol.errors import DeadlineExceeded
+from inferd.protocol.headers import PRIORITY_CLASSES
 
 
 @dataclass(slots=True)
@@ -34,12 +35,6 @@ class QueueRejected(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retry_after_s = retry_after_s
-
-
-class DeadlineExceeded(Exception):
-    def __init__(self, waited_s: float):
-        super().__init__(f"waited {waited_s:.3f} s")
-        self.waited_s = waited_s
 
 
 @dataclass(slots=True, eq=False)
@@ -89,7 +84,9 @@ class AdmissionQueue:
             else:
                 self._remove(ticket)
             if isinstance(exc, asyncio.TimeoutError):
-                raise DeadlineExceeded(time.monotonic() - ticket.enqueued_s) from None
+                waited_s = time.monotonic() - ticket.enqueued_s
+                raise DeadlineExceeded(f"The request's deadline passed after {waited_s:.3f} s in the queue; "
+                                       "it was not started.") from None
             raise
         return time.monotonic() - ticket.enqueued_s
 

@@ -2,7 +2,7 @@
 import asyncio
 import time
 
-from inferd.api.errors import AuthenticationFailed
+from inferd.protocol.errors import AuthenticationFailed
 from inferd.gateway.keys import key_matches, lookup_id_of
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.store import Store

@@ -15,9 +15,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inferd.control.spec import DegradationSpec, DegradationStep
+from inferd.protocol.headers import DEGRADED
 
-DEGRADED_HEADER = "x-inferd-degraded"
+DEGRADE_ACTIONS = ("reject_late", "cap_max_tokens", "route")
+
+
+@dataclass(slots=True)
+class DegradationStep:
+    action: str  # reject_late | cap_max_tokens | route
+    max_tokens: int | None = None  # cap_max_tokens: the cap
+    priority_class: str | None = None  # route: requests of this class (None: all)
+    to: str | None = None  # route: the (smaller) deployment that takes them
+
+
+@dataclass(slots=True)
+class DegradationSpec:
+    """Under sustained overload, climb these steps in order; each degraded response says so."""
+    steps: list[DegradationStep]
+    overload_queue_age_ms: float = 2000.0  # overloaded: the oldest queued request is this old ...
+    sustain_s: float = 5.0  # ... for this long; each further sustain_s climbs one more step
 
 
 class Degrader:
@@ -50,7 +66,7 @@ class Degradation:
 
     @property
     def header(self) -> dict[str, str]:
-        return {DEGRADED_HEADER: ",".join(self.actions)} if self.actions else {}
+        return {DEGRADED: ",".join(self.actions)} if self.actions else {}
 
 
 def degrade(steps: list[DegradationStep], priority_class: str, seconds_left: float | None,

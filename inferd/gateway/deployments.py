@@ -1,23 +1,27 @@
-"""What the gateway serves: deployments (one per model name) and the replicas behind each.
+"""What the gateway serves: deployments (one per model name and version) and the replicas behind each.
 
-Which replica serves a request is the router's choice (inferd.router).
+A deployment holds what every model kind shares (name, version, replicas, router, queue, fallbacks, card)
+and its kind's own part (`model`: for text, the tokenizer and context length). Which replica serves a
+request is the router's choice (inferd.router).
 """
-import logging
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import httpx
 
 from inferd.gateway.admission import AdmissionQueue
+from inferd.gateway.degrade import Degrader
+from inferd.protocol.tokenizer import Tokenizer
 from inferd.router.router import Router
 
-log = logging.getLogger(__name__)
 
+@dataclass(slots=True, frozen=True)
+class TextModel:
+    """The text kind's part of a deployment: how its requests are counted and bounded."""
+    tokenizer: Tokenizer
+    max_model_len: int
+    kind: str = "text"
 
-class Tokenizer(Protocol):
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
+    def card(self) -> dict:
+        return {"kind": self.kind, "max_model_len": self.max_model_len}
 
 
 @dataclass(slots=True, eq=False)
@@ -26,38 +30,52 @@ class Upstream:
     base_url: str
     api_key: str | None = None
     name: str = ""
-    inflight: int = 0
-    inflight_tokens: int = 0  # reserved tokens of the requests running there
     healthy: bool = True
     draining: bool = False  # being scaled down: no new requests, running ones finish (inferd.control.pool)
+    inflight: int = 0  # requests running there (enter/leave)
+    inflight_tokens: int = 0  # their reserved tokens
 
     def __post_init__(self):
         self.base_url = self.base_url.rstrip("/").removesuffix("/v1")
         self.name = self.name or self.base_url
 
+    def enter(self, tokens: int) -> None:
+        self.inflight += 1
+        self.inflight_tokens += tokens
+
+    def leave(self, tokens: int) -> None:
+        assert self.inflight > 0
+        self.inflight -= 1
+        self.inflight_tokens -= tokens
+
 
 @dataclass(slots=True, eq=False)
 class Deployment:
     name: str
-    tokenizer: Tokenizer
-    max_model_len: int
+    model: TextModel
     upstreams: list[Upstream]
     queue: AdmissionQueue
     version: str = "v1"
     upstream_model: str | None = None  # the model id the upstream expects, if not `name`
-    internal_headers: bool = True  # send x-inferd-* (ours) or not (external servers)
+    internal_headers: bool = True  # ours (x-inferd-* headers, usage events) or an external server
     card: dict = field(default_factory=dict)  # what GET /v1/models shows
     router: Router = field(default_factory=Router)
     fallbacks: list[str] = field(default_factory=list)  # deployments that take the requests this one fails
-    degrader: "Degrader | None" = None  # its degradation ladder, if it has one  # noqa: F821
+    degrader: Degrader | None = None  # its degradation ladder, if it has one
 
     def __post_init__(self):
-        self.card = {"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "inferd",
-                     "max_model_len": self.max_model_len} | {k: v for k, v in self.card.items() if k != "id"}
+        self.card = ({"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "inferd"}
+                     | self.model.card() | {k: v for k, v in self.card.items() if k != "id"})
 
     def pick(self, prompt_ids: list[int], namespace: str, exclude: list[Upstream] = ()) -> Upstream:
         return self.router.pick([u for u in self.upstreams if u not in exclude] or self.upstreams,
                                 prompt_ids, namespace)
+
+    def describe(self, card: dict) -> None:
+        """What a replica's /v1/models says of the model (context length, source, digests) joins the card."""
+        if card.get("max_model_len"):
+            self.model = TextModel(self.model.tokenizer, card["max_model_len"])
+        self.card |= self.model.card() | {k: v for k, v in card.items() if k in ("source_path", "digests")}
 
 
 @dataclass(slots=True)
@@ -109,12 +127,3 @@ class Deployments:
     def drop_canary(self, name: str) -> Deployment:
         self.weights.pop(name, None)
         return self.canaries.pop(name)
-
-
-def describe_upstream(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> dict:
-    """The upstream's first /v1/models card (id, max_model_len, source_path when it is an inferd replica)."""
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    r = httpx.get(f"{base_url.rstrip('/').removesuffix('/v1')}/v1/models", headers=headers, timeout=timeout_s)
-    r.raise_for_status()
-    return r.json()["data"][0]
-

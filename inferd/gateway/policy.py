@@ -2,7 +2,8 @@
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-PRIORITY_CLASSES = ("interactive", "batch")  # dispatch order: interactive first
+from inferd.protocol.headers import PRIORITY_CLASSES
+
 BUDGET_PERIODS = ("day", "month")
 
 

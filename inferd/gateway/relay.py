@@ -1,152 +1,145 @@
-"""Forwarding an admitted request to its replica and relaying the answer, counting what it used."""
+"""One attempt on one replica: send the planned body, relay the answer, and say how it went (an Outcome).
+
+The relay never finishes a request: it fills in the attempt's Outcome (status, usage so far, time to
+the first token, whether another replica or deployment may still take it) and the lifecycle decides.
+Streams from our replicas are passed on as bytes: usage arrives as SSE comments (headers.USAGE_PREFIX),
+read here and dropped, so no chunk the client gets is parsed or re-serialized. An external server's
+chunks are parsed only until the first token, and after that only those that carry usage.
+"""
 import json
+import time
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
 import httpx
-from opentelemetry import trace
-from opentelemetry.propagate import inject
-from starlette.responses import Response
 
-from inferd.api.errors import ClientClosedRequest, ServiceUnavailable, error_body
-from inferd.api.sse import SSE_DONE, SSEResponse, sse_event
-from inferd.gateway.call import Call
-from inferd.gateway.deployments import Upstream
+from inferd.protocol import headers
+from inferd.protocol.errors import APIError, UpstreamFailed, error_body
+from inferd.protocol.headers import UsageStatus
+from inferd.protocol.sse import SSE_DONE, sse_event
 
 PASSED_HEADERS = ("content-type",)
-MAX_ATTEMPTS = 2  # a request no replica received is tried on at most this many
+DONE = b"data: [DONE]"
+ERROR_EVENT = b'data: {"error"'
 
 
-class UpstreamFailed(ServiceUnavailable):
-    code = "upstream_unavailable"
+@dataclass(slots=True)
+class Outcome:
+    """How an attempt ended; until it says otherwise, the client went away (cancelled)."""
+    status: UsageStatus = "cancelled"
+    http_status: int = 499
+    error_code: str | None = "client_closed_request"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    retry_reason: str | None = None  # nothing reached the client: a fallback deployment may take it
+    unreachable: bool = False  # no connection: another replica of the same deployment may take it
+    error: APIError | None = None  # what the client is told if no other attempt follows
+
+    def end(self, status: UsageStatus, http_status: int, error_code: str | None = None) -> None:
+        self.status, self.http_status, self.error_code = status, http_status, error_code
+
+    def fail(self, error: APIError, status: UsageStatus = "failed", retry_reason: str | None = None) -> None:
+        self.end(status, error.status, error.code)
+        self.error, self.retry_reason = error, retry_reason
+
+    def observe_usage(self, usage: dict | None) -> None:
+        if usage:
+            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            self.completion_tokens = int(usage.get("completion_tokens") or 0)
+            self.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+    def first_token(self, arrival_s: float) -> None:
+        if self.ttft_s is None:
+            self.ttft_s = time.monotonic() - arrival_s
+
+    @property
+    def billed(self) -> bool:
+        return self.status == "completed" or (self.status == "cancelled" and self.ttft_s is not None)
 
 
-def upstream_headers(call: Call) -> dict[str, str]:
-    d, headers = call.deployment, {"content-type": "application/json", "x-request-id": call.request_id}
-    if call.upstream.api_key:
-        headers["authorization"] = f"Bearer {call.upstream.api_key}"
-    if d.internal_headers:
-        headers["x-inferd-cache-namespace"] = call.key.tenant.id
-        headers["x-inferd-priority"] = call.priority_class
-        headers["x-inferd-tenant"] = call.key.tenant.id
-        if (ms := call.remaining_deadline_ms()) is not None:
-            headers["x-inferd-deadline-ms"] = str(ms)
-    inject(headers)
-    return headers
-
-
-async def forward(call: Call, client: httpx.AsyncClient, path: str, body: dict,
-                  usage_mode: str) -> Response:
-    """Send to the router's replica; finishes the call (and its usage record) however it ends.
-
-    A request that never reached its replica (connection refused or timed out) is retried once on
-    another one: the failed attempt gets its own record, linked by the request id.
-    """
-    tried: list[Upstream] = []
-    while (sent := await _send(call, client, path, body, tried)) is None:
-        pass
-    response, span = sent
-    if response.status_code != 200 or not body.get("stream"):
-        return await _whole(call, response, span)
-    return SSEResponse(_relay_stream(call, response, span, usage_mode), headers=call.response_headers())
-
-
-async def _send(call: Call, client: httpx.AsyncClient, path: str, body: dict,
-                tried: list[Upstream]) -> tuple[httpx.Response, trace.Span] | None:
-    call.upstream = upstream = call.deployment.pick(call.plan.prompt_ids, call.key.tenant.id, exclude=tried)
-    upstream.inflight += 1
-    upstream.inflight_tokens += call.plan.reserved_tokens
-    span = call.gateway.tracer.start_span("replica call", context=trace.set_span_in_context(call.span),
-                                          kind=trace.SpanKind.CLIENT, attributes={"server.address": upstream.name})
+async def send(transport: httpx.AsyncBaseTransport, url: httpx.URL, request_headers: dict[str, str], body: bytes,
+               outcome: Outcome) -> httpx.Response | None:
+    """The upstream's response head, or None with the outcome failed (unreachable: retryable)."""
     try:
-        with trace.use_span(span, end_on_exit=False):
-            req = client.build_request("POST", f"{upstream.base_url}{path}", json=body, headers=upstream_headers(call))
-        return await client.send(req, stream=True), span
+        return await transport.handle_async_request(
+            httpx.Request("POST", url, headers=request_headers, content=body))
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-        _leave(call, span)
-        upstream.healthy = False  # out of routing until its /ready answers again
-        tried.append(upstream)
-        if len(tried) < MAX_ATTEMPTS and any(u.healthy and u not in tried for u in call.deployment.upstreams):
-            call.retry(UpstreamFailed.code)
-            return None
-        await call.finish("failed", 503, UpstreamFailed.code)
-        raise UpstreamFailed(f"No replica could be reached ({type(exc).__name__}); retry the request.") from None
+        outcome.fail(UpstreamFailed(f"No replica could be reached ({type(exc).__name__}); retry the request."),
+                     retry_reason=UpstreamFailed.code)
+        outcome.unreachable = True
     except httpx.HTTPError as exc:
-        _leave(call, span)
-        await call.finish("failed", 503, UpstreamFailed.code)
-        raise UpstreamFailed(f"The replica failed ({type(exc).__name__}); retry the request.") from None
-    except BaseException:
-        _leave(call, span)
-        await call.finish("cancelled", 499, "client_closed_request")
-        raise
+        outcome.fail(UpstreamFailed(f"The replica failed ({type(exc).__name__}); retry the request."),
+                     retry_reason=UpstreamFailed.code)
+    return None
 
 
-async def _whole(call: Call, response: httpx.Response, span: trace.Span) -> Response:
+async def read_whole(response: httpx.Response, outcome: Outcome, arrival_s: float) -> tuple[bytes, dict] | None:
+    """A unary answer (or any non-200): its body and passed headers; None with the outcome failed."""
     try:
         content = await response.aread()
     except httpx.HTTPError as exc:
-        await call.finish("failed", 503, UpstreamFailed.code)
-        raise UpstreamFailed(f"The replica failed before it answered ({type(exc).__name__}).") from None
-    except BaseException:
-        await call.finish("cancelled", 499, ClientClosedRequest.code)
-        raise
+        outcome.fail(UpstreamFailed(f"The replica failed before it answered ({type(exc).__name__})."),
+                     retry_reason=UpstreamFailed.code)
+        return None
     finally:
         await response.aclose()
-        _leave(call, span)
-    ok = response.status_code == 200
-    if ok:
-        call.observe_usage(json.loads(content).get("usage"))
-        call.first_token()
-    await call.finish("completed" if ok else "failed", response.status_code, None if ok else _error_code(content))
-    headers = {k: v for k, v in response.headers.items() if k in PASSED_HEADERS} | call.response_headers()
-    return Response(content, status_code=response.status_code, headers=headers)
+    passed = {k: v for k, v in response.headers.items() if k in PASSED_HEADERS}
+    if response.status_code == 200:
+        outcome.observe_usage(json.loads(content).get("usage"))
+        outcome.first_token(arrival_s)
+        outcome.end("completed", 200)
+    else:
+        outcome.end("failed", response.status_code, _error_code(content))
+        if response.status_code >= 500:
+            outcome.retry_reason = f"http_{response.status_code}"
+    return content, passed
 
 
-async def _relay_stream(call: Call, response: httpx.Response, span: trace.Span,
-                        usage_mode: str) -> AsyncGenerator[bytes, None]:
-    status, http_status, code = "cancelled", 499, ClientClosedRequest.code
+async def relay_stream(response: httpx.Response, outcome: Outcome, arrival_s: float, ours: bool,
+                       usage_mode: str) -> AsyncGenerator[bytes, None]:
+    """The SSE events of a 200 stream, as the client asked for them; the outcome follows along."""
+    buffer, usage_comment = b"", None
     try:
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                status, http_status, code = "completed", 200, None
-                yield SSE_DONE
-                break
-            event = json.loads(line[6:])
-            if "error" in event:
-                status, http_status, code = "failed", 200, (event["error"] or {}).get("code")
-                yield line.encode() + b"\n\n"
-                continue
-            out = _client_chunk(call, event, usage_mode)
-            if out is not None:
-                yield out
+        async for data in response.aiter_raw():
+            events = (buffer + data).replace(b"\r\n", b"\n").split(b"\n\n")
+            buffer = events.pop()
+            out = []
+            for event in events:
+                if ours and event.startswith(headers.USAGE_PREFIX):
+                    usage_comment = event
+                    outcome.first_token(arrival_s)
+                    continue
+                if event == DONE:
+                    outcome.end("completed", 200)
+                elif event.startswith(ERROR_EVENT):
+                    outcome.end("failed", 200, _error_code(event[6:]))
+                elif not ours and not _external_event(event, outcome, arrival_s, usage_mode):
+                    continue
+                out.append(event + b"\n\n")
+            if out:
+                yield b"".join(out)
     except httpx.HTTPError as exc:
-        status, http_status, code = "failed", 200, UpstreamFailed.code
+        outcome.end("failed", 200, UpstreamFailed.code)
         yield sse_event(error_body(UpstreamFailed(f"The replica failed mid-stream ({type(exc).__name__}).")))
         yield SSE_DONE
     finally:
         await response.aclose()
-        _leave(call, span)
-        await call.finish(status, http_status, code)
+        if usage_comment is not None:
+            outcome.observe_usage(json.loads(usage_comment[len(headers.USAGE_PREFIX):]))
 
 
-def _client_chunk(call: Call, event: dict, usage_mode: str) -> bytes | None:
-    """usage_mode is what the client asked for: none, final (include_usage) or continuous."""
-    call.observe_usage(event.get("usage"))
-    if not event.get("choices"):
-        return sse_event(event) if usage_mode != "none" else None
-    call.first_token()
-    if usage_mode == "none":
-        event.pop("usage", None)
-    elif usage_mode == "final":
-        event["usage"] = None
-    return sse_event(event)
-
-
-def _leave(call: Call, span: trace.Span) -> None:
-    call.upstream.inflight -= 1
-    call.upstream.inflight_tokens -= call.plan.reserved_tokens
-    span.end()
+def _external_event(event: bytes, outcome: Outcome, arrival_s: float, usage_mode: str) -> bool:
+    """Reads what an external server's event says of tokens and usage; False: not for the client."""
+    if outcome.ttft_s is not None and b'"usage"' not in event or not event.startswith(b"data: "):
+        return True
+    chunk = json.loads(event[6:])
+    outcome.observe_usage(chunk.get("usage"))
+    if chunk.get("choices"):
+        outcome.first_token(arrival_s)
+        return True
+    return usage_mode != "none"
 
 
 def _error_code(content: bytes) -> str | None:
@@ -154,4 +147,3 @@ def _error_code(content: bytes) -> str | None:
         return (json.loads(content).get("error") or {}).get("code")
     except (ValueError, AttributeError):
         return None
-

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from inferd.gateway.store import Store
+from inferd.protocol.headers import UsageStatus
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 class UsageRecord:
     request_id: str
     model: str
-    status: str  # completed | failed | cancelled | rejected | expired
+    status: UsageStatus
     http_status: int
     started_unix_s: float
     e2e_s: float

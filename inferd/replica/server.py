@@ -1,3 +1,4 @@
+"""A replica of our engine: the OpenAI app over it, /health, /ready (a real inference) and /metrics."""
 import asyncio
 import logging
 import time
@@ -11,17 +12,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from inferd.api.app import APIConfig, ModelInfo, create_app
 from inferd.engine.async_engine import AsyncEngine
 from inferd.engine.request import RequestOutput, SamplingParams
 from inferd.models.config import LoadedModel
+from inferd.replica.openai_app import APIConfig, ModelInfo, create_app
 from inferd.telemetry.metrics import ServerMetrics, metrics_route
 
 log = logging.getLogger(__name__)
 
 READINESS_PROMPT = "Hello"
-PRIORITY_HEADER = "x-inferd-priority"  # set by the gateway: interactive (default) or batch
-CACHE_NAMESPACE_HEADER = "x-inferd-cache-namespace"  # set by the gateway to the tenant id; absent: "default"
 
 
 @dataclass(slots=True)
@@ -46,7 +45,7 @@ class Readiness:
 
 
 class EngineBackend:
-    """The engine as the API layer sees it (api.app.TextBackend)."""
+    """The engine as the OpenAI app sees it (openai_app.TextBackend)."""
 
     def __init__(self, engine: AsyncEngine, model: LoadedModel, served_model_name: str | None = None):
         self.engine = engine
@@ -69,8 +68,7 @@ def build_replica_app(engine: AsyncEngine, model: LoadedModel, config: ReplicaCo
     routes = [Route("/health", _health, methods=["GET"]),
               Route("/ready", _ready_endpoint(engine, readiness), methods=["GET"]),
               metrics_route(metrics)]
-    api_config = APIConfig(api_key=config.api_key, cache_namespace_header=CACHE_NAMESPACE_HEADER,
-                           priority_header=PRIORITY_HEADER)
+    api_config = APIConfig(api_key=config.api_key)
     return create_app(backend, api_config, metrics=metrics, extra_routes=routes,
                       lifespan=_lifespan(engine, backend, readiness, config.url))
 

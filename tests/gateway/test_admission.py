@@ -3,7 +3,8 @@ import time
 
 import pytest
 
-from inferd.gateway.admission import AdmissionQueue, DeadlineExceeded, QueueConfig, QueueRejected, Ticket
+from inferd.gateway.admission import AdmissionQueue, QueueConfig, QueueRejected, Ticket
+from inferd.protocol.errors import DeadlineExceeded
 
 
 def ticket(tenant: str, tokens: int = 10, cls: str = "interactive", weight: float = 1.0, share: float = 1.0,

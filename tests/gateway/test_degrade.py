@@ -1,4 +1,4 @@
-from inferd.control.spec import DegradationSpec, DegradationStep
+from inferd.gateway.degrade import DegradationSpec, DegradationStep
 from inferd.gateway.degrade import Degrader, degrade
 
 LADDER = [DegradationStep("reject_late"), DegradationStep("cap_max_tokens", max_tokens=64),

@@ -101,7 +101,7 @@ def test_traces_follow_the_request_path(setup, tmp_path):
     from inferd.gateway.app import Gateway, build_gateway_app
     from inferd.gateway.config import GatewayConfig
     from inferd.gateway.deployments import Deployments, Upstream
-    from inferd.gateway.launch import deployment_for
+    from inferd.control.gateway_setup import deployment_for
     from inferd.gateway.limits import MemoryLimiter
     from inferd.gateway.store import Store
     from inferd.telemetry.tracing import make_tracer

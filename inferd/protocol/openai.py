@@ -1,12 +1,9 @@
-import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+"""The OpenAI request bodies (pydantic) as gateway and replica both read them, and the usage object."""
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from inferd.api.errors import ContextLengthExceeded, InvalidRequest
-from inferd.engine.request import RequestOutput, ResponseFormat, SamplingParams, TokenLogprob
+from inferd.protocol.errors import ContextLengthExceeded, InvalidRequest
 
 MAX_SEED = 2**63
 MAX_CHOICES_PER_REQUEST = 256
@@ -59,14 +56,6 @@ class ResponseFormatBody(_Body):
                                  param="response_format.json_schema")
         return self
 
-    def engine_format(self) -> ResponseFormat | None:
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return ResponseFormat("json_object")
-        # keys keep their order: properties are written in the order the schema declares them
-        return ResponseFormat("json_schema", json.dumps(self.json_schema.schema_, separators=(",", ":")))
-
 
 class SamplingRequest(_Body):
     """Fields shared by chat completions and completions."""
@@ -104,26 +93,6 @@ class SamplingRequest(_Body):
 
     def logprob_settings(self) -> tuple[bool, int]:
         return False, 0
-
-    def sampling_params(self, num_prompt_tokens: int, max_model_len: int, choice: int = 0) -> SamplingParams:
-        """Engine parameters for one choice of one prompt; raises ContextLengthExceeded."""
-        max_tokens = self.checked_max_tokens(num_prompt_tokens, max_model_len)
-        logprobs, top_logprobs = self.logprob_settings()
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=max(self.top_k or 0, 0),
-            seed=_choice_seed(self.seed, choice),
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
-            stop_token_ids=list(self.stop_token_ids or []),
-            ignore_eos=bool(self.ignore_eos),
-            logprobs=logprobs,
-            top_logprobs=top_logprobs,
-            response_format=self.response_format.engine_format() if self.response_format else None,
-        )
 
     def checked_max_tokens(self, num_prompt_tokens: int, max_model_len: int) -> int:
         requested = self.requested_max_tokens()
@@ -207,12 +176,6 @@ class CompletionRequest(SamplingRequest):
 
 # helpers
 
-def _choice_seed(seed: int | None, choice: int) -> int | None:
-    if seed is None or choice == 0:
-        return seed
-    return (seed + choice) % MAX_SEED
-
-
 def _is_token_ids(value: Any) -> bool:
     return isinstance(value, list) and len(value) > 0 and all(type(t) is int and t >= 0 for t in value)
 
@@ -227,115 +190,9 @@ def _is_prompt(value: Any) -> bool:
     return all(_is_token_ids(v) for v in value)
 
 
-# response bodies
-
-TokenBytes = Callable[[int], bytes]
-
-
-@dataclass(slots=True)
-class ResponseMeta:
-    id: str
-    created: int
-    model: str
-    system_fingerprint: str | None
-
-
-@dataclass(slots=True)
-class ChoiceResult:
-    """One choice accumulated from its engine outputs (non-streaming)."""
-    index: int
-    text_parts: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    num_output_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
-
-    def add(self, out: RequestOutput) -> None:
-        self.text_parts.append(out.text)
-        self.logprobs.extend(out.logprobs or [])
-        self.count(out)
-        if out.finished:
-            self.finish_reason = out.finish_reason
-
-    def count(self, out: RequestOutput) -> None:
-        """Token counts only (streaming sends the text and logprobs on at once)."""
-        self.num_output_tokens = out.num_output_tokens
-        self.num_cached_tokens = out.num_cached_tokens
-
-    @property
-    def text(self) -> str:
-        return "".join(self.text_parts)
-
+# usage
 
 def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
-
-
-def _envelope(meta: ResponseMeta, obj: str) -> dict:
-    return {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model,
-            "system_fingerprint": meta.system_fingerprint}
-
-
-def token_text(raw: bytes) -> str:
-    """A token's text; a piece of a UTF-8 character shows as U+FFFD (its `bytes` carry the truth)."""
-    return raw.decode("utf-8", errors="replace")
-
-
-def chat_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes) -> dict:
-    def entry(token_id: int, logprob: float) -> dict:
-        raw = token_bytes(token_id)
-        return {"token": token_text(raw), "logprob": logprob, "bytes": list(raw)}
-    content = [entry(lp.token_id, lp.logprob) | {"top_logprobs": [entry(t, l) for t, l in lp.top]} for lp in lps]
-    return {"content": content, "refusal": None}
-
-
-def completion_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes, text_offset: int) -> dict:
-    tokens = [token_text(token_bytes(lp.token_id)) for lp in lps]
-    offsets = []
-    for tok in tokens:
-        offsets.append(text_offset)
-        text_offset += len(tok)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{token_text(token_bytes(t)): l for t, l in lp.top} for lp in lps],
-            "text_offset": offsets}
-
-
-def chat_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_bytes: TokenBytes,
-                  with_logprobs: bool) -> dict:
-    body = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-             "logprobs": chat_logprobs(c.logprobs, token_bytes) if with_logprobs else None,
-             "finish_reason": c.finish_reason} for c in choices]
-    return _envelope(meta, "chat.completion") | {"choices": body, "usage": usage}
-
-
-def chat_chunk(meta: ResponseMeta, index: int, delta: dict, logprobs: dict | None, finish_reason: str | None,
-               usage: bool | dict) -> dict:
-    """usage: False (no field), True (null, as with include_usage) or the usage so far."""
-    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    return _envelope(meta, "chat.completion.chunk") | {"choices": [choice]} | _chunk_usage(usage)
-
-
-def completion_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_bytes: TokenBytes,
-                        with_logprobs: bool) -> dict:
-    body = [{"index": c.index, "text": c.text,
-             "logprobs": completion_logprobs(c.logprobs, token_bytes, 0) if with_logprobs else None,
-             "finish_reason": c.finish_reason} for c in choices]
-    return _envelope(meta, "text_completion") | {"choices": body, "usage": usage}
-
-
-def completion_chunk(meta: ResponseMeta, index: int, text: str, logprobs: dict | None, finish_reason: str | None,
-                     usage: bool | dict) -> dict:
-    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-    return _envelope(meta, "text_completion") | {"choices": [choice]} | _chunk_usage(usage)
-
-
-def _chunk_usage(usage: bool | dict) -> dict:
-    if isinstance(usage, dict):
-        return {"usage": usage}
-    return {"usage": None} if usage else {}
-
-
-def usage_chunk(meta: ResponseMeta, obj: str, usage: dict) -> dict:
-    return _envelope(meta, obj) | {"choices": [], "usage": usage}

@@ -1,12 +1,25 @@
+"""The error tree every route answers with, and the one mapping from exceptions to it.
+
+    APIError                 OpenAI's error object: status, type, code, param, message
+    ├── InvalidRequest (400) ── ContextLengthExceeded
+    ├── AuthenticationFailed (401)
+    ├── PermissionDenied (403)
+    ├── NotFound (404) ── ModelNotFound
+    ├── MethodNotAllowed (405), PayloadTooLarge (413), ClientClosedRequest (499)
+    ├── RateLimitExceeded (429)
+    ├── InternalError (500)
+    ├── ServiceUnavailable (503) ── Overloaded, UpstreamFailed, DeadlineUnmeetable
+    └── DeadlineExceeded (504)
+
+A replica maps its runtime's own errors before these (replica/errors.py) and passes that mapping to
+the middleware; everything else that escapes a route is an InternalError, logged with its traceback.
+"""
 import json
 import logging
 
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
-
-from inferd.engine.request import EngineDeadError, EngineError, GrammarError
-from inferd.models.errors import ChatTemplateError
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +79,25 @@ class RateLimitExceeded(APIError):
     code = "rate_limit_exceeded"
 
 
-class Overloaded(APIError):
+class ServiceUnavailable(APIError):
+    status = 503
+    type = "server_error"
+    code = "service_unavailable"
+
+
+class Overloaded(ServiceUnavailable):
     """The deployment's queue is full; retry after the Retry-After header."""
     status = 503
     type = "server_error"
     code = "queue_full"
+
+
+class UpstreamFailed(ServiceUnavailable):
+    code = "upstream_unavailable"
+
+
+class DeadlineUnmeetable(ServiceUnavailable):
+    code = "deadline_unmeetable"
 
 
 class DeadlineExceeded(APIError):
@@ -87,12 +114,6 @@ class MethodNotAllowed(APIError):
 class PayloadTooLarge(APIError):
     status = 413
     code = "payload_too_large"
-
-
-class ServiceUnavailable(APIError):
-    status = 503
-    type = "server_error"
-    code = "service_unavailable"
 
 
 class ClientClosedRequest(APIError):
@@ -112,14 +133,6 @@ def to_api_error(exc: BaseException) -> APIError:
     match exc:
         case APIError():
             return exc
-        case GrammarError():
-            return InvalidRequest(str(exc), param="response_format")
-        case EngineError():
-            return InvalidRequest(str(exc))
-        case EngineDeadError():
-            return ServiceUnavailable(str(exc))
-        case ChatTemplateError():
-            return InvalidRequest(str(exc), param="messages")
         case ValidationError():
             return _from_validation(exc)
         case json.JSONDecodeError() | UnicodeDecodeError():
@@ -134,8 +147,8 @@ def error_body(err: APIError) -> dict:
     return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    err = to_api_error(exc)
+def error_response(exc: BaseException, map_error=to_api_error) -> JSONResponse:
+    err = map_error(exc)
     return JSONResponse(error_body(err), status_code=err.status, headers=err.headers or None)
 
 

@@ -10,16 +10,18 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from inferd.api.app import RequestContextMiddleware, http_exception_handler
-from inferd.api.errors import (APIError, AuthenticationFailed, ContextLengthExceeded, InvalidRequest, ModelNotFound,
-                               error_response, to_api_error)
-from inferd.api.protocol import ChatCompletionRequest, CompletionRequest
 from inferd.engine.request import EngineError
 from inferd.models.errors import ChatTemplateError
+from inferd.protocol.errors import (APIError, AuthenticationFailed, ContextLengthExceeded, InvalidRequest,
+                                    ModelNotFound, error_response, to_api_error)
+from inferd.protocol.http import RequestContextMiddleware, http_exception_handler
+from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest
+from inferd.replica.errors import replica_error
 
 
 def body_of(exc: BaseException) -> tuple[int, dict]:
-    response = error_response(exc)
+    """As a replica answers (its runtime's errors first, then the contract's mapping)."""
+    response = error_response(exc, replica_error)
     return response.status_code, json.loads(response.body)["error"]
 
 

@@ -10,10 +10,11 @@ import uvicorn
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.gateway.app import Gateway, build_gateway_app
 from inferd.gateway.config import GatewayConfig, load_settings_file
-from inferd.gateway.deployments import Deployment, Deployments, Upstream, describe_upstream
+from inferd.gateway.deployments import Deployment, Deployments, TextModel, Upstream
 from inferd.gateway.keys import imported_key, lookup_id_of
 from inferd.gateway.limits import MemoryLimiter
 from inferd.gateway.store import Store
+from inferd.models.loader import load_tokenizer
 from inferd.router.router import Router, RouterConfig
 from inferd.telemetry.tracing import make_tracer
 
@@ -76,17 +77,24 @@ def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name:
     if source is None:
         log.warning("no tokenizer for %s given (--tokenizer); counting tokens with the default model's", card["id"])
     name = model_name or card["id"]
-    return Deployment(name=name, tokenizer=_tokenizer(source),
-                      max_model_len=max_model_len or card.get("max_model_len") or 8192, upstreams=upstreams,
+    model = TextModel(_tokenizer(source), max_model_len or card.get("max_model_len") or 8192)
+    return Deployment(name=name, model=model, upstreams=upstreams,
                       queue=AdmissionQueue(queue or config.queue), upstream_model=card["id"], internal_headers=ours,
                       router=Router(router or config.router), version=version,
-                      card={k: v for k, v in card.items() if k in ("max_model_len", "source_path", "digests")})
+                      card={k: v for k, v in card.items() if k in ("source_path", "digests")})
+
+
+def describe_upstream(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> dict:
+    """The upstream's first /v1/models card (id, max_model_len, source_path when it is an inferd replica)."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    r = httpx.get(f"{base_url.rstrip('/').removesuffix('/v1')}/v1/models", headers=headers, timeout=timeout_s)
+    r.raise_for_status()
+    return r.json()["data"][0]
 
 
 @functools.cache
 def _tokenizer(source: str | None):
     """One tokenizer per model source, however many deployments (versions, names) serve it."""
-    from inferd.models.loader import load_tokenizer
     return load_tokenizer(source)
 
 

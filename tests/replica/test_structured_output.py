@@ -9,8 +9,10 @@ import pytest
 from pydantic import ValidationError
 from starlette.testclient import TestClient
 
-from inferd.api.errors import InvalidRequest, error_response
-from inferd.api.protocol import ChatCompletionRequest, CompletionRequest
+from inferd.protocol.errors import InvalidRequest, error_response
+from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest
+from inferd.replica.errors import replica_error
+from inferd.replica.responses import sampling_params
 from inferd.engine.async_engine import AsyncEngine
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
@@ -43,7 +45,7 @@ def test_response_formats_reach_the_engine():
     def params(rf, body=ChatCompletionRequest, **fields):
         req = body.model_validate(({"messages": USER} if body is ChatCompletionRequest else {"prompt": "hi"})
                                   | {"response_format": rf} | fields)
-        return req.sampling_params(1, 100).response_format
+        return sampling_params(req, 1, 100).response_format
     assert params({"type": "text"}) is None
     assert params({"type": "json_object"}) == ResponseFormat("json_object")
     got = params(json_schema({"type": "object", "properties": {"b": {}, "a": {}}}, description="d"))
@@ -66,7 +68,7 @@ def test_malformed_response_formats_name_the_field(rf, param):
 
 
 def test_grammar_errors_are_400_on_response_format():
-    response = error_response(GrammarError("the JSON schema cannot be used: Invalid type: nonsense"))
+    response = error_response(GrammarError("the JSON schema cannot be used: Invalid type: nonsense"), replica_error)
     error = json.loads(response.body)["error"]
     assert response.status_code == 400 and error["param"] == "response_format"
     assert error["message"].endswith("Invalid type: nonsense") and error["type"] == "invalid_request_error"

@@ -1,10 +1,11 @@
+"""The replica's OpenAI API over a text runtime (the engine): prompts to engine jobs, outputs to responses."""
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -14,28 +15,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Lifespan
 
-from inferd.api.errors import (ClientClosedRequest, DeadlineExceeded, InvalidRequest, ModelNotFound, PayloadTooLarge,
-                               ServiceUnavailable, error_body, to_api_error)
-from inferd.api.protocol import (ChatCompletionRequest, ChoiceResult, CompletionRequest, ResponseMeta,
-                                 SamplingRequest, chat_chunk, chat_logprobs, chat_response, completion_chunk,
-                                 completion_logprobs, completion_response, usage_body, usage_chunk)
-from inferd.api.middleware import RequestContextMiddleware, http_exception_handler
-from inferd.api.sse import SSE_DONE, SSEResponse, sse_event
 from inferd.engine.request import RequestOutput, SamplingParams
+from inferd.protocol import headers
+from inferd.protocol.errors import (DeadlineExceeded, InvalidRequest, ModelNotFound, ServiceUnavailable, error_body,
+                                    error_response)
+from inferd.protocol.http import RequestContextMiddleware, read_json, unless_disconnected
+from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest, SamplingRequest, usage_body
+from inferd.protocol.sse import SSE_DONE, SSEResponse, sse_event
+from inferd.protocol.tokenizer import Tokenizer
+from inferd.replica.errors import replica_error
+from inferd.replica.responses import (ChoiceResult, ResponseMeta, chat_chunk, chat_logprobs, chat_response,
+                                      completion_chunk, completion_logprobs, completion_response, sampling_params,
+                                      usage_chunk)
 from inferd.telemetry.metrics import ServerMetrics
-
-T = TypeVar("T")
-PRIORITY_CLASSES = ("interactive", "batch")  # the engine's priority is the index
 
 
 # what the API needs from a model runtime (the replica wires the engine in)
-
-class Tokenizer(Protocol):
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
-    def token_bytes(self, token_id: int) -> bytes: ...
-
 
 @dataclass(slots=True)
 class ModelInfo:
@@ -64,8 +59,7 @@ class TextBackend(Protocol):
 class APIConfig:
     api_key: str | None = None
     max_body_bytes: int = 16 * 2**20
-    cache_namespace_header: str | None = None  # internal header naming the prefix-cache namespace (replicas only)
-    priority_header: str | None = None  # internal header naming the scheduling class (replicas only)
+    internal_headers: bool = True  # read the gateway's cache namespace, priority, deadline and usage headers
 
 
 @dataclass(slots=True)
@@ -108,7 +102,8 @@ class OpenAIRoutes:
         jobs = self._jobs(request, body, [prompt])
         meta = self._meta("chatcmpl", request)
         if body.stream:
-            return await self._stream(request, self._chat_events(meta, body, jobs, [len(prompt)]))
+            events = self._chat_events(meta, body, jobs, [len(prompt)], self._usage_events(request))
+            return await self._stream(request, events)
         results = await unless_disconnected(request, self._collect(jobs))
         return JSONResponse(chat_response(meta, results, _usage([len(prompt)], results), self._token_bytes,
                                           bool(body.logprobs)))
@@ -121,7 +116,8 @@ class OpenAIRoutes:
         meta = self._meta("cmpl", request)
         lens = [len(p) for p in prompts]
         if body.stream:
-            return await self._stream(request, self._completion_events(meta, body, jobs, lens))
+            return await self._stream(request, self._completion_events(meta, body, jobs, lens,
+                                                                       self._usage_events(request)))
         results = await unless_disconnected(request, self._collect(jobs))
         return JSONResponse(completion_response(meta, results, _usage(lens, results), self._token_bytes,
                                                 body.logprobs is not None))
@@ -146,22 +142,20 @@ class OpenAIRoutes:
         if any(not p for p in prompts):
             raise InvalidRequest("the prompt is empty", param="prompt")
         deadline, namespace, priority = _deadline_s(request), self._cache_namespace(request), self._priority(request)
-        return [Job(i * n + j, f"{rid}-{i * n + j}", p, body.sampling_params(len(p), max_len, j),
+        return [Job(i * n + j, f"{rid}-{i * n + j}", p, sampling_params(body, len(p), max_len, j),
                     request.state.arrival_s, deadline, namespace, priority)
                 for i, p in enumerate(prompts) for j in range(n)]
 
     def _cache_namespace(self, request: Request) -> str:
-        header = self.config.cache_namespace_header
-        return (request.headers.get(header) if header else None) or "default"
+        return (request.headers.get(headers.CACHE_NAMESPACE) if self.config.internal_headers else None) or "default"
 
     def _priority(self, request: Request) -> int:
-        header = self.config.priority_header
-        value = request.headers.get(header) if header else None
-        if value is None:
-            return 0
-        if value not in PRIORITY_CLASSES:
-            raise InvalidRequest(f"{header} must be one of {', '.join(PRIORITY_CLASSES)}", param=header)
-        return PRIORITY_CLASSES.index(value)
+        """The engine's scheduling class: the index in PRIORITY_CLASSES (0 interactive, 1 batch)."""
+        cls = headers.priority_class(request.headers.get(headers.PRIORITY)) if self.config.internal_headers else None
+        return headers.PRIORITY_CLASSES.index(cls or "interactive")
+
+    def _usage_events(self, request: Request) -> bool:
+        return self.config.internal_headers and request.headers.get(headers.USAGE_EVENTS) == "1"
 
     def _meta(self, prefix: str, request: Request) -> ResponseMeta:
         info = self.backend.info
@@ -230,7 +224,7 @@ class OpenAIRoutes:
         return SSEResponse(_sse_body(first, events))
 
     async def _chat_events(self, meta: ResponseMeta, body: ChatCompletionRequest, jobs: list[Job],
-                           prompt_lens: list[int]) -> AsyncGenerator[bytes, None]:
+                           prompt_lens: list[int], usage_events: bool) -> AsyncGenerator[bytes, None]:
         usage, results, started = body.include_usage, [ChoiceResult(job.index) for job in jobs], [False] * len(jobs)
         async with aclosing(self._outputs(jobs)) as outputs:
             async for index, out in outputs:
@@ -244,12 +238,14 @@ class OpenAIRoutes:
                     delta = {"content": out.text} if out.text else {}
                     yield sse_event(chat_chunk(meta, index, delta, lps, _finish(out),
                                                _so_far(body, prompt_lens, results)))
+                    if usage_events:
+                        yield _usage_comment(prompt_lens, results)
         if usage:
             yield sse_event(usage_chunk(meta, "chat.completion.chunk", _usage(prompt_lens, results)))
         yield SSE_DONE
 
     async def _completion_events(self, meta: ResponseMeta, body: CompletionRequest, jobs: list[Job],
-                                 prompt_lens: list[int]) -> AsyncGenerator[bytes, None]:
+                                 prompt_lens: list[int], usage_events: bool) -> AsyncGenerator[bytes, None]:
         usage, results, offsets = body.include_usage, [ChoiceResult(job.index) for job in jobs], [0] * len(jobs)
         async with aclosing(self._outputs(jobs)) as outputs:
             async for index, out in outputs:
@@ -261,6 +257,8 @@ class OpenAIRoutes:
                 if out.text or lps or out.finished:
                     yield sse_event(completion_chunk(meta, index, out.text, lps, _finish(out),
                                                      _so_far(body, prompt_lens, results)))
+                    if usage_events:
+                        yield _usage_comment(prompt_lens, results)
         if usage:
             yield sse_event(usage_chunk(meta, "text_completion", _usage(prompt_lens, results)))
         yield SSE_DONE
@@ -272,29 +270,19 @@ def create_app(backend: TextBackend, config: APIConfig, *, metrics: ServerMetric
                extra_routes: Sequence[BaseRoute] = (), lifespan: Lifespan | None = None) -> Starlette:
     """The OpenAI-compatible app; extra_routes (health, metrics) share its request ids and error shape."""
     routes = OpenAIRoutes(backend, config, metrics).routes() + list(extra_routes)
-    return Starlette(routes=routes, middleware=[Middleware(RequestContextMiddleware, api_key=config.api_key)],
-                     exception_handlers={HTTPException: http_exception_handler}, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan,
+                     middleware=[Middleware(RequestContextMiddleware, api_key=config.api_key, map_error=replica_error)],
+                     exception_handlers={HTTPException: _http_exception})
 
 
-async def read_json(request: Request, max_body_bytes: int) -> Any:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise PayloadTooLarge(f"The request body is larger than {max_body_bytes} bytes.")
-        chunks.append(chunk)
-    return json.loads(b"".join(chunks))
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    return error_response(exc, replica_error)
 
 
 def _deadline_s(request: Request) -> float | None:
-    """x-inferd-deadline-ms (set by the gateway): work not started by then is dropped."""
-    raw = request.headers.get("x-inferd-deadline-ms")
-    if raw is None:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise InvalidRequest("x-inferd-deadline-ms must be a positive integer (milliseconds)",
-                             param="x-inferd-deadline-ms")
-    return request.state.arrival_s + int(raw) / 1000
+    """DEADLINE_MS (from the gateway, the milliseconds left): work not started by then is dropped."""
+    ms = headers.deadline_ms(request.headers.get(headers.DEADLINE_MS))
+    return None if ms is None else request.state.arrival_s + ms / 1000
 
 
 async def _next_output(queue: asyncio.Queue, deadline_s: float | None) -> tuple:
@@ -306,33 +294,13 @@ async def _next_output(queue: asyncio.Queue, deadline_s: float | None) -> tuple:
         raise DeadlineExceeded("The request's deadline passed before it started; it was dropped.") from None
 
 
-async def _wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Runs work; cancels it and raises ClientClosedRequest if the client goes away first."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.create_task(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        task.cancel()
-        await asyncio.wait({task})
-    if task.cancelled():
-        raise ClientClosedRequest("The client closed the connection.")
-    return task.result()
-
-
 async def _sse_body(first: bytes, events: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
     try:
         yield first
         async for event in events:
             yield event
     except Exception as exc:
-        yield sse_event(error_body(to_api_error(exc)))
+        yield sse_event(error_body(replica_error(exc)))
         yield SSE_DONE
     finally:
         await events.aclose()
@@ -343,6 +311,12 @@ def _so_far(body: SamplingRequest, prompt_lens: list[int], results: list[ChoiceR
     if body.continuous_usage:
         return _usage(prompt_lens, results)
     return body.include_usage
+
+
+def _usage_comment(prompt_lens: list[int], results: list[ChoiceResult]) -> bytes:
+    """The usage so far as an SSE comment, for the gateway (USAGE_EVENTS); it bills cancelled streams by it."""
+    usage = json.dumps(_usage(prompt_lens, results), separators=(",", ":")).encode()
+    return headers.USAGE_PREFIX + usage + b"\n\n"
 
 
 def _finish(out: RequestOutput) -> str | None:

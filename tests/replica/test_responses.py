@@ -3,10 +3,11 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from inferd.api.errors import ContextLengthExceeded, InvalidRequest
-from inferd.api.protocol import (ChatCompletionRequest, ChoiceResult, CompletionRequest, ResponseMeta, chat_chunk,
-                                 chat_logprobs, completion_logprobs, usage_body, usage_chunk)
-from inferd.api.sse import SSE_DONE, sse_event
+from inferd.protocol.errors import ContextLengthExceeded, InvalidRequest
+from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest, usage_body
+from inferd.protocol.sse import SSE_DONE, sse_event
+from inferd.replica.responses import (ChoiceResult, ResponseMeta, chat_chunk, chat_logprobs, completion_logprobs,
+                                      sampling_params, usage_chunk)
 from inferd.engine.request import EngineError, RequestOutput, TokenLogprob
 
 USER = [{"role": "user", "content": "hi"}]
@@ -24,7 +25,7 @@ def completion(**fields) -> CompletionRequest:
 
 def test_chat_defaults_and_unknown_fields_ignored():
     req = chat(model="m", logit_bias={"1": 2}, tools=[], response_format={"type": "text"})
-    params = req.sampling_params(num_prompt_tokens=10, max_model_len=100)
+    params = sampling_params(req, num_prompt_tokens=10, max_model_len=100)
     assert (params.temperature, params.top_p, params.top_k, params.seed) == (1.0, 1.0, 0, None)
     assert params.max_tokens == 90
     assert params.stop == [] and not params.logprobs and req.num_choices == 1
@@ -55,42 +56,42 @@ def test_top_logprobs_requires_logprobs():
     with pytest.raises(InvalidRequest) as e:
         chat(top_logprobs=2)
     assert e.value.param == "top_logprobs"
-    assert chat(logprobs=True, top_logprobs=2).sampling_params(1, 10).top_logprobs == 2
+    assert sampling_params(chat(logprobs=True, top_logprobs=2), 1, 10).top_logprobs == 2
 
 
 def test_sampling_fields_reach_the_engine():
     req = chat(max_tokens=5, max_completion_tokens=7, temperature=0.5, top_p=0.9, top_k=40, seed=3, stop="###",
                presence_penalty=0.5, frequency_penalty=-0.5, ignore_eos=True, stop_token_ids=[2], logprobs=True)
-    p = req.sampling_params(num_prompt_tokens=3, max_model_len=100)
+    p = sampling_params(req, num_prompt_tokens=3, max_model_len=100)
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed) == (7, 0.5, 0.9, 40, 3)
     assert (p.stop, p.stop_token_ids, p.ignore_eos) == (["###"], [2], True)
     assert (p.presence_penalty, p.frequency_penalty, p.logprobs, p.top_logprobs) == (0.5, -0.5, True, 0)
 
 
 def test_top_k_minus_one_means_off():
-    assert chat(top_k=-1).sampling_params(1, 10).top_k == 0
+    assert sampling_params(chat(top_k=-1), 1, 10).top_k == 0
 
 
 def test_each_choice_gets_its_own_seed():
     req = chat(seed=7, n=3)
-    assert [req.sampling_params(1, 10, j).seed for j in range(3)] == [7, 8, 9]
-    assert chat(seed=2**63 - 1).sampling_params(1, 10, 1).seed == 0
-    assert chat().sampling_params(1, 10, 2).seed is None
+    assert [sampling_params(req, 1, 10, j).seed for j in range(3)] == [7, 8, 9]
+    assert sampling_params(chat(seed=2**63 - 1), 1, 10, 1).seed == 0
+    assert sampling_params(chat(), 1, 10, 2).seed is None
 
 
 def test_null_fields_take_defaults():
-    p = chat(temperature=None, top_p=None, n=None, stop=None, max_tokens=None).sampling_params(4, 10)
+    p = sampling_params(chat(temperature=None, top_p=None, n=None, stop=None, max_tokens=None), 4, 10)
     assert (p.temperature, p.top_p, p.max_tokens) == (1.0, 1.0, 6)
 
 
 def test_context_length_exceeded_before_any_work():
     with pytest.raises(ContextLengthExceeded) as e:
-        chat().sampling_params(num_prompt_tokens=10, max_model_len=10)
+        sampling_params(chat(), num_prompt_tokens=10, max_model_len=10)
     assert (e.value.param, e.value.code, e.value.status) == ("messages", "context_length_exceeded", 400)
     with pytest.raises(ContextLengthExceeded) as e:
-        completion(max_tokens=5).sampling_params(num_prompt_tokens=6, max_model_len=10)
+        sampling_params(completion(max_tokens=5), num_prompt_tokens=6, max_model_len=10)
     assert e.value.param == "prompt"
-    assert completion(max_tokens=4).sampling_params(6, 10).max_tokens == 4
+    assert sampling_params(completion(max_tokens=4), 6, 10).max_tokens == 4
 
 
 def test_include_usage_only_when_streaming():
@@ -135,7 +136,7 @@ def test_choices_per_request_are_bounded():
 def test_invalid_engine_values_are_engine_errors():
     req = chat(max_tokens=3)
     with pytest.raises(EngineError):
-        req.model_copy(update={"top_p": 0.0}).sampling_params(1, 10)
+        sampling_params(req.model_copy(update={"top_p": 0.0}), 1, 10)
 
 
 # response shaping

@@ -1,0 +1,127 @@
+"""What a request is charged against before it runs: rate limits, concurrency and budgets, in one place."""
+import asyncio
+import calendar
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from inferd.gateway import admission
+from inferd.gateway.limits import Charge, RateLimited, ratelimit_headers, retry_after_header
+from inferd.gateway.policy import KeyPolicy, Limits
+from inferd.gateway.store import Store
+from inferd.protocol.errors import APIError, InvalidRequest, Overloaded, RateLimitExceeded
+
+LIMIT_MESSAGES = {
+    "requests_per_minute": "requests per minute", "tokens_per_minute": "tokens per minute",
+    "max_concurrency": "concurrent requests", "budget": "budget (USD)",
+}
+
+
+@dataclass(slots=True)
+class Plan:
+    """What one attempt may cost at most, known before it runs, and the body it sends."""
+    prompt_tokens: int
+    max_output_tokens: int  # per choice
+    num_outputs: int  # prompts × n
+    cost_usd: float
+    body: dict  # what the upstream gets
+    stream: bool
+    usage_mode: str = "none"  # what the client asked of a stream: none, final (include_usage) or continuous
+    prompt_ids: list[int] = field(default_factory=list)  # the (first) prompt's tokens, for the router
+
+    @property
+    def reserved_tokens(self) -> int:
+        return self.prompt_tokens + self.max_output_tokens * self.num_outputs
+
+
+class Charges:
+    """The charges of one request: per-scope limits from the key's policy, and the tenant's budget, whose
+    spend so far is read from the store once per budget period."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._spent: dict[tuple[str, float], float] = {}
+
+    async def of(self, key: KeyPolicy, model: str, plan: Plan) -> list[Charge]:
+        out = limit_charges(key, model, plan.reserved_tokens)
+        tenant = key.tenant
+        if tenant.budget_usd is not None:
+            start, end = budget_period(tenant.budget_period, time.time())
+            spent = self._spent.get((tenant.id, start))
+            if spent is None:
+                spent = await asyncio.to_thread(self.store.spent_usd, tenant.id, start)
+                self._spent[(tenant.id, start)] = spent
+            out.append(Charge(f"{tenant.id}:budget:{int(start)}", "budget", "budget", "tenant", tenant.budget_usd,
+                              plan.cost_usd, end, spent))
+        return out
+
+
+def limit_charges(key: KeyPolicy, model: str, tokens: int) -> list[Charge]:
+    tenant = key.tenant
+    scopes = [("tenant", tenant.id, tenant.limits), ("key", key.id, key.limits)]
+    if model in tenant.model_limits:
+        scopes.append(("model", f"{tenant.id}:model:{model}", tenant.model_limits[model]))
+    out = []
+    for scope, sid, lim in scopes:
+        if lim.rpm:
+            out.append(Charge(f"{sid}:rpm", "rate", "requests_per_minute", scope, lim.rpm, 1))
+        if lim.tpm:
+            out.append(Charge(f"{sid}:tpm", "rate", "tokens_per_minute", scope, lim.tpm, tokens))
+        if lim.max_concurrency:
+            out.append(Charge(f"{sid}:concurrency", "concurrency", "max_concurrency", scope, lim.max_concurrency, 1))
+    return out
+
+
+def actual_amounts(charges: list[Charge], tokens: int, cost_usd: float) -> dict[str, float]:
+    """What settling a reservation counts: the tokens and cost the request really used."""
+    return {c.key: tokens if c.name == "tokens_per_minute" else cost_usd
+            for c in charges if c.name in ("tokens_per_minute", "budget")}
+
+
+def budget_period(period: str, now_unix_s: float) -> tuple[float, float]:
+    """[start, end) of the budget period holding now, in UTC."""
+    now = datetime.fromtimestamp(now_unix_s, timezone.utc)
+    if period == "day":
+        start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        return start.timestamp(), start.timestamp() + 86400
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    days = calendar.monthrange(start.year, start.month)[1]
+    return start.timestamp(), start.timestamp() + days * 86400
+
+
+def check_request_limits(key: KeyPolicy, model: str, prompt_tokens: int, requested_output: int | None,
+                         param: str) -> int | None:
+    """Raises if the request is bigger than allowed; returns the output cap to apply (None: no cap)."""
+    scopes: list[Limits] = [key.tenant.limits, key.limits, key.tenant.model_limits.get(model, Limits())]
+    max_in = min((s.max_input_tokens for s in scopes if s.max_input_tokens), default=None)
+    max_out = min((s.max_output_tokens for s in scopes if s.max_output_tokens), default=None)
+    if max_in is not None and prompt_tokens > max_in:
+        raise InvalidRequest(f"The prompt has {prompt_tokens} tokens; your limit is {max_in} input tokens "
+                             "per request.", param=param, code="max_input_tokens")
+    if max_out is not None and requested_output is not None and requested_output > max_out:
+        raise InvalidRequest(f"max_tokens is {requested_output}; your limit is {max_out} output tokens per "
+                             "request.", param="max_tokens", code="max_output_tokens")
+    return max_out
+
+
+# refusals as API errors
+
+def rate_limited(exc: RateLimited) -> RateLimitExceeded:
+    c = exc.charge
+    what = LIMIT_MESSAGES.get(c.name, c.name)
+    headers = ratelimit_headers(exc.states)
+    if exc.retry_after_s is None:
+        return RateLimitExceeded(f"This request needs {c.amount:g} against a {c.scope} limit of {c.limit:g} "
+                                 f"{what}; it can never fit. Lower max_tokens or the prompt.",
+                                 code=f"{c.name}_request_too_large", headers=headers)
+    headers["retry-after"] = retry_after_header(exc.retry_after_s)
+    return RateLimitExceeded(f"Rate limit reached for {what} ({c.scope} limit {c.limit:g}). "
+                             f"Retry after {exc.retry_after_s:.1f} s.", code=c.name, headers=headers)
+
+
+def queue_rejected(exc: admission.QueueRejected) -> APIError:
+    headers = {"retry-after": retry_after_header(exc.retry_after_s)}
+    if exc.reason == "tenant_queue_share":
+        return RateLimitExceeded("Your share of this model's queue is full; retry later.",
+                                 code="tenant_queue_share", headers=headers)
+    return Overloaded("The model's queue is full; retry later.", code=exc.reason, headers=headers)

@@ -1,0 +1,433 @@
+"""One request's life in the gateway, owned by one coroutine from its first byte to its usage records.
+
+    authenticate → read and validate the body → resolve the deployment (canary share, access list)
+    → plan on it (the kind counts and bounds the work; the degradation ladder may cap or re-route it)
+    → attempts: admission on a deployment (reserve against limits and budget, wait for a queue slot),
+      then its replicas (an unreachable one is followed by one other), then each fallback deployment once
+    → deliver (unary body or SSE stream) → finish, in one `finally`: one usage record per attempt,
+      reservations settled, queue slots and replicas released, one access log line, the span ended.
+
+The route handler (`serve`) drives this as an async generator: its first item is the response head, the
+rest is the stream; whatever the client or the upstream does, the generator's `finally` runs once.
+"""
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+from opentelemetry import trace
+from opentelemetry.propagate import inject
+from starlette.requests import Request
+from starlette.responses import Response
+
+from inferd.gateway import relay, text
+from inferd.gateway.admission import QueueRejected, Ticket
+from inferd.gateway.auth import KeyCache
+from inferd.gateway.charges import Charges, Plan, actual_amounts, queue_rejected, rate_limited
+from inferd.gateway.config import GatewayConfig
+from inferd.gateway.degrade import degrade
+from inferd.gateway.deployments import Deployment, Deployments, Upstream
+from inferd.gateway.limits import Limiter, RateLimited, Reservation, ratelimit_headers, retry_after_header
+from inferd.gateway.policy import KeyPolicy
+from inferd.gateway.usage import UsageRecord
+from inferd.protocol import headers
+from inferd.protocol.errors import (APIError, DeadlineExceeded, DeadlineUnmeetable, ModelNotFound, Overloaded,
+                                    PermissionDenied, UpstreamFailed, to_api_error)
+from inferd.protocol.http import cancelled_on_disconnect, read_json
+from inferd.protocol.sse import SSEResponse
+from inferd.telemetry.gateway_metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger("inferd.gateway.access")
+
+UNKNOWN_MODEL = "unknown"  # requests refused before their model was resolved
+MAX_REPLICAS_PER_ATTEMPT = 2  # an unreachable replica is followed by at most one other of the same deployment
+
+
+class Recorder(Protocol):
+    def __call__(self, record: UsageRecord) -> None: ...
+
+
+# the request and its attempts
+
+@dataclass(slots=True, eq=False)
+class Admission:
+    """A reservation against the key's limits and a slot in one deployment's queue; the attempts on that
+    deployment's replicas share it."""
+    deployment: Deployment
+    reservation: Reservation | None = None
+    queue_s: float | None = None
+    dispatched_s: float | None = None  # time.monotonic() when it got its slot (held until the request ends)
+
+
+@dataclass(slots=True, eq=False)
+class Attempt:
+    number: int
+    plan: Plan
+    admission: Admission
+    outcome: relay.Outcome = field(default_factory=relay.Outcome)
+    upstream: Upstream | None = None
+    span: trace.Span | None = None  # the replica call
+    started_unix_s: float = field(default_factory=time.time)
+
+    @property
+    def deployment(self) -> Deployment:
+        return self.admission.deployment
+
+    def leave_upstream(self) -> None:
+        if self.upstream is not None and self.span is not None:
+            self.upstream.leave(self.plan.reserved_tokens)
+            self.span.end()
+            self.span = None
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    request_id: str
+    operation: str
+    arrival_s: float  # time.monotonic()
+    span: trace.Span
+    started_unix_s: float = field(default_factory=time.time)
+    key: KeyPolicy | None = None
+    priority_class: str = "interactive"
+    deadline_s: float | None = None  # time.monotonic() by which it must have started
+    attempts: list[Attempt] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)  # said on every response (degraded, fallback)
+    refusal: BaseException | None = None  # what ended it before any attempt
+
+    def begin(self, plan: Plan, admission: Admission) -> Attempt:
+        attempt = Attempt(len(self.attempts) + 1, plan, admission)
+        self.attempts.append(attempt)
+        return attempt
+
+    def remaining_deadline_ms(self) -> int | None:
+        if self.deadline_s is None:
+            return None
+        return max(int((self.deadline_s - time.monotonic()) * 1000), 1)
+
+
+@dataclass(slots=True)
+class Head:
+    status: int
+    headers: dict[str, str]
+    content: bytes | None = None  # None: the stream follows
+
+
+# the lifecycle
+
+class RequestPath:
+    def __init__(self, config: GatewayConfig, keys: KeyCache, charges: Charges, limiter: Limiter,
+                 deployments: Deployments, transport: httpx.AsyncBaseTransport, record: Recorder,
+                 metrics: GatewayMetrics, tracer: trace.Tracer):
+        self.config = config
+        self.keys = keys
+        self.charges = charges
+        self.limiter = limiter
+        self.deployments = deployments
+        self.transport = transport
+        self.record = record
+        self.metrics = metrics
+        self.tracer = tracer
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
+
+    async def serve(self, request: Request, op: text.Operation) -> Response:
+        life = self._life(request, op)
+        head = await anext(life)
+        if head.content is None:
+            return SSEResponse(life, headers=head.headers)
+        await life.aclose()
+        return Response(head.content, status_code=head.status, headers=head.headers)
+
+    async def _life(self, request: Request, op: text.Operation) -> AsyncGenerator[Head | bytes, None]:
+        state = request.state
+        x = Exchange(state.request_id, op.name, state.arrival_s, self.tracer.start_span(
+            op.name, kind=trace.SpanKind.SERVER, attributes={
+                "gen_ai.operation.name": op.name, "gen_ai.provider.name": "inferd",
+                "inferd.request_id": state.request_id}))
+        try:
+            with self._child("auth", x):
+                x.key = await self.keys.authenticate(request.headers.get("authorization"))
+            raw = await read_json(request, self.config.max_body_bytes)
+            body = op.body_type.model_validate(raw)
+            asked = self._deployment(x.key, body.model)
+            x.priority_class = priority_class(x.key, request)
+            x.deadline_s = deadline_s(x.key, request, x.arrival_s)
+            deployment, plan = self._plan(x, asked, body, raw)
+            x.span.update_name(f"{op.name} {deployment.name}")
+            x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
+            async with cancelled_on_disconnect(request):
+                attempt, response, whole = await self._attempts(x, op, deployment, plan, body, raw)
+            answer = self._response_headers(x, attempt)
+            if whole is not None:
+                content, passed = whole
+                yield Head(response.status_code, passed | answer, content)
+                return
+            yield Head(200, answer)
+            async for chunk in relay.relay_stream(response, attempt.outcome, x.arrival_s,
+                                                  attempt.deployment.internal_headers, plan.usage_mode):
+                yield chunk
+        except Exception as exc:
+            if not x.attempts:
+                x.refusal = exc
+            if isinstance(exc, APIError):
+                exc.headers = (exc.headers or {}) | x.headers
+            raise
+        except BaseException as exc:  # cancelled: the client went away
+            if not x.attempts:
+                x.refusal = exc
+            raise
+        finally:
+            await self._finish(x)
+
+    # planning
+
+    def _deployment(self, key: KeyPolicy, model: str | None) -> Deployment:
+        deployment = self.deployments.route(model)  # a name with a canary: its share goes there
+        if deployment is None:
+            raise ModelNotFound(f"The model '{model}' does not exist.", param="model")
+        if not key.may_use(deployment.name):
+            raise PermissionDenied(f"Your key may not use the model '{deployment.name}'.", param="model",
+                                   code="model_not_allowed")
+        return deployment
+
+    def _plan(self, x: Exchange, d: Deployment, body, raw: dict) -> tuple[Deployment, Plan]:
+        """The plan on its deployment, after the deployment's degradation ladder (if it is overloaded)."""
+        price = self.config.price
+        plan = text.plan(d, x.key, body, raw, price(d.name))
+        if d.degrader is None:
+            return d, plan
+        oldest = max((s.oldest_age_s for s in d.queue.stats().values()), default=0.0)
+        left = None if x.deadline_s is None else x.deadline_s - time.monotonic()
+        degraded = degrade(d.degrader.update(oldest), x.priority_class, left, d.queue.expected_wait_s(),
+                           plan.max_output_tokens, x.key.may_use)
+        if not degraded.actions:
+            return d, plan
+        self.metrics.degraded(d.name, degraded.actions)
+        x.headers |= degraded.header
+        if degraded.reject:
+            attempt = x.begin(plan, Admission(d))
+            err = DeadlineUnmeetable(
+                "The model is overloaded and cannot start this request before its deadline; retry later.",
+                headers={"retry-after": retry_after_header(d.queue.expected_wait_s())})
+            attempt.outcome.fail(err, "rejected")
+            self.metrics.rejected(err.code)
+            raise err
+        if degraded.route_to:
+            d = self.deployments.get(degraded.route_to)
+            plan = text.plan(d, x.key, body, raw, price(d.name))
+        if degraded.max_tokens is not None and degraded.max_tokens < plan.max_output_tokens:
+            plan = text.cap_output(plan, degraded.max_tokens, price(d.name))
+        return d, plan
+
+    # attempts
+
+    async def _attempts(self, x: Exchange, op: text.Operation, d: Deployment, plan: Plan, body, raw: dict
+                        ) -> tuple[Attempt, httpx.Response, tuple[bytes, dict] | None]:
+        """The attempt that answers: its response head and, unless a 200 stream follows, its whole body.
+        A deployment that fails the request before any output hands it to its next fallback, once each."""
+        fallbacks = [f for f in map(self.deployments.get, d.fallbacks) if f is not None and x.key.may_use(f.name)]
+        primary = d.name
+        while True:
+            attempt, response = await self._on_deployment(x, op, d, plan)
+            whole, streams = None, response is not None and plan.stream and response.status_code == 200
+            if response is not None and not streams:
+                whole = await relay.read_whole(response, attempt.outcome, x.arrival_s)
+            outcome = attempt.outcome
+            if (streams or whole is not None) and (outcome.retry_reason is None or not fallbacks):
+                return attempt, response, whole
+            if outcome.retry_reason is None or not fallbacks:
+                raise outcome.error
+            nxt = fallbacks.pop(0)
+            log.warning("request %s: %s failed (%s); falling back to %s", x.request_id, d.name,
+                        outcome.retry_reason, nxt.name)
+            self.metrics.fallback(d.name, nxt.name, outcome.retry_reason)
+            x.headers[headers.FALLBACK] = f"{primary}->{nxt.name}"
+            d, plan = nxt, text.plan(nxt, x.key, body, raw, self.config.price(nxt.name))
+
+    async def _on_deployment(self, x: Exchange, op: text.Operation, d: Deployment, plan: Plan
+                             ) -> tuple[Attempt, httpx.Response | None]:
+        """Admission on d, then its replicas: an unreachable one is followed by one other, if healthy."""
+        shared = Admission(d)
+        attempt = x.begin(plan, shared)
+        if not await self._admit(x, attempt):
+            return attempt, None
+        tried: list[Upstream] = []
+        while True:
+            response = await self._send(x, op, attempt, tried)
+            if response is not None or not attempt.outcome.unreachable:
+                return attempt, response
+            if len(tried) >= MAX_REPLICAS_PER_ATTEMPT or not any(u.healthy and u not in tried for u in d.upstreams):
+                return attempt, None
+            attempt = x.begin(plan, shared)
+
+    async def _admit(self, x: Exchange, attempt: Attempt) -> bool:
+        """Reserve the worst case, then wait for a slot; False (the outcome says why) if refused."""
+        a, d, plan = attempt.admission, attempt.deployment, attempt.plan
+        with self._child("admission", x):
+            charges = await self.charges.of(x.key, d.name, plan)
+            try:
+                a.reservation = await self.limiter.reserve(charges)
+            except RateLimited as exc:
+                return self._refuse(attempt, rate_limited(exc), "rejected")
+        ticket = Ticket(x.key.tenant.id, x.priority_class, plan.reserved_tokens, x.key.tenant.weight,
+                        x.key.tenant.queue_share, x.deadline_s, enqueued_s=x.arrival_s)
+        with self._child("queue", x) as span:
+            try:
+                a.queue_s = await d.queue.admit(ticket)
+            except QueueRejected as exc:
+                err = queue_rejected(exc)
+                return self._refuse(attempt, err, "rejected", err.code if isinstance(err, Overloaded) else None)
+            except DeadlineExceeded as exc:
+                return self._refuse(attempt, exc, "expired")
+            span.set_attribute("inferd.queue_s", a.queue_s)
+        a.dispatched_s = time.monotonic()
+        self.metrics.admitted(d.name, x.priority_class, a.queue_s)
+        return True
+
+    def _refuse(self, attempt: Attempt, err: APIError, status: str, retry_reason: str | None = None) -> bool:
+        attempt.outcome.fail(err, status, retry_reason)
+        self.metrics.rejected(err.code or status)
+        return False
+
+    async def _send(self, x: Exchange, op: text.Operation, attempt: Attempt,
+                    tried: list[Upstream]) -> httpx.Response | None:
+        d, plan = attempt.deployment, attempt.plan
+        attempt.upstream = upstream = d.pick(plan.prompt_ids, x.key.tenant.id, exclude=tried)
+        tried.append(upstream)
+        upstream.enter(plan.reserved_tokens)
+        attempt.span = self.tracer.start_span("replica call", context=trace.set_span_in_context(x.span),
+                                              kind=trace.SpanKind.CLIENT,
+                                              attributes={"server.address": upstream.name})
+        response = await relay.send(self.transport, self._url(upstream, op.path), self._upstream_headers(x, attempt),
+                                    _json_bytes(plan.body), attempt.outcome)
+        if response is None:
+            if attempt.outcome.unreachable:
+                upstream.healthy = False  # out of routing until its /ready answers again
+            attempt.leave_upstream()
+        return response
+
+    def _upstream_headers(self, x: Exchange, attempt: Attempt) -> dict[str, str]:
+        d, upstream = attempt.deployment, attempt.upstream
+        out = {"content-type": "application/json", headers.REQUEST_ID: x.request_id}
+        if upstream.api_key:
+            out["authorization"] = f"Bearer {upstream.api_key}"
+        if d.internal_headers:
+            out[headers.CACHE_NAMESPACE] = out[headers.TENANT] = x.key.tenant.id
+            out[headers.PRIORITY] = x.priority_class
+            if (ms := x.remaining_deadline_ms()) is not None:
+                out[headers.DEADLINE_MS] = str(ms)
+            if attempt.plan.stream:
+                out[headers.USAGE_EVENTS] = "1"
+        inject(out, context=trace.set_span_in_context(attempt.span))
+        return out
+
+    def _url(self, upstream: Upstream, path: str) -> httpx.URL:
+        key = (upstream.base_url, path)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) > 4096:
+                self._urls.clear()
+            url = self._urls[key] = httpx.URL(upstream.base_url + path)
+        return url
+
+    def _response_headers(self, x: Exchange, attempt: Attempt) -> dict[str, str]:
+        reservation = attempt.admission.reservation
+        return (ratelimit_headers(reservation.states) if reservation else {}) | x.headers
+
+    # the end
+
+    async def _finish(self, x: Exchange) -> None:
+        """Settle, release and record every attempt; then the access line and the span."""
+        records = []
+        for attempt, nxt in zip(x.attempts, [*x.attempts[1:], None]):
+            attempt.leave_upstream()
+            records.append(await self._settle(x, attempt, nxt is None or nxt.admission is not attempt.admission))
+        if not records and x.key is not None:
+            records.append(self._refusal_record(x))
+        for record in records:
+            self.record(record)
+        if x.refusal is not None and not x.attempts:
+            err = to_api_error(x.refusal) if isinstance(x.refusal, Exception) else None
+            code = err.code if err else "client_closed_request"
+            self.metrics.rejected(code or "error")
+            x.span.set_attribute("error.type", code or "error")
+            x.span.set_status(trace.StatusCode.ERROR)
+        elif records:
+            _span_outcome(x.span, records[-1])
+        if records:
+            _access_line(records[-1], len(x.attempts))
+        x.span.end()
+
+    async def _settle(self, x: Exchange, attempt: Attempt, ends_admission: bool) -> UsageRecord:
+        """The attempt's usage record; the last attempt on an admission also settles and frees it."""
+        o, d, a = attempt.outcome, attempt.deployment, attempt.admission
+        if not o.billed:
+            o.prompt_tokens = o.cached_tokens = o.completion_tokens = 0
+        cost = self.config.price(d.name).cost_usd(o.prompt_tokens, o.cached_tokens, o.completion_tokens)
+        if ends_admission:
+            if a.reservation is not None:
+                await self.limiter.settle(a.reservation, actual_amounts(
+                    a.reservation.charges, o.prompt_tokens + o.completion_tokens, cost))
+            if a.dispatched_s is not None:
+                d.queue.release(time.monotonic() - a.dispatched_s)
+        return UsageRecord(
+            request_id=x.request_id, attempt=attempt.number, model=d.name, status=o.status,
+            http_status=o.http_status, started_unix_s=attempt.started_unix_s, e2e_s=time.monotonic() - x.arrival_s,
+            gateway_id=self.config.gateway_id, tenant_id=x.key.tenant.id, key_id=x.key.id,
+            deployment_version=d.version, replica=attempt.upstream.name if attempt.upstream else None,
+            priority_class=x.priority_class, error_code=o.error_code, prompt_tokens=o.prompt_tokens,
+            cached_tokens=o.cached_tokens, completion_tokens=o.completion_tokens, queue_s=a.queue_s,
+            ttft_s=o.ttft_s, cost_usd=cost)
+
+    def _refusal_record(self, x: Exchange) -> UsageRecord:
+        err = to_api_error(x.refusal) if isinstance(x.refusal, Exception) else None
+        return UsageRecord(
+            request_id=x.request_id, model=UNKNOWN_MODEL, status="rejected", http_status=err.status if err else 499,
+            started_unix_s=x.started_unix_s, e2e_s=time.monotonic() - x.arrival_s, gateway_id=self.config.gateway_id,
+            tenant_id=x.key.tenant.id, key_id=x.key.id, error_code=err.code if err else "client_closed_request")
+
+    def _child(self, name: str, x: Exchange):
+        return self.tracer.start_as_current_span(name, context=trace.set_span_in_context(x.span))
+
+
+# request headers
+
+def priority_class(key: KeyPolicy, request: Request) -> str:
+    """The key's (or tenant's) class; a request header may only lower it."""
+    asked = headers.priority_class(request.headers.get(headers.PRIORITY))
+    configured = key.effective_class
+    return configured if asked is None else max(configured, asked, key=headers.PRIORITY_CLASSES.index)
+
+
+def deadline_s(key: KeyPolicy, request: Request, arrival_s: float) -> float | None:
+    ms = headers.deadline_ms(request.headers.get(headers.DEADLINE_MS))
+    ms = ms if ms is not None else key.tenant.default_deadline_ms
+    return None if ms is None else arrival_s + ms / 1000
+
+
+# helpers
+
+def _json_bytes(body: dict) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _span_outcome(span: trace.Span, record: UsageRecord) -> None:
+    span.set_attributes({"gen_ai.usage.input_tokens": record.prompt_tokens,
+                         "gen_ai.usage.output_tokens": record.completion_tokens,
+                         "inferd.status": record.status, "http.response.status_code": record.http_status})
+    if record.error_code:
+        span.set_attribute("error.type", record.error_code)
+        span.set_status(trace.StatusCode.ERROR)
+
+
+def _access_line(record: UsageRecord, attempts: int) -> None:
+    access_log.info("request", extra={
+        "request_id": record.request_id, "tenant_id": record.tenant_id, "key_id": record.key_id,
+        "model": record.model, "status": record.status, "http_status": record.http_status,
+        "error_code": record.error_code, "attempts": attempts, "prompt_tokens": record.prompt_tokens,
+        "cached_tokens": record.cached_tokens, "completion_tokens": record.completion_tokens,
+        "queue_s": record.queue_s, "ttft_s": record.ttft_s, "e2e_s": round(record.e2e_s, 6),
+        "cost_usd": record.cost_usd, "replica": record.replica})

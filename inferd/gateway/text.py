@@ -1,0 +1,59 @@
+"""The text kind at the gateway: chat and completion bodies, counted in the model's own tokens and bounded."""
+from dataclasses import dataclass
+
+from inferd.gateway.charges import Plan, check_request_limits
+from inferd.gateway.config import ModelPrice
+from inferd.gateway.deployments import Deployment
+from inferd.gateway.policy import KeyPolicy
+from inferd.protocol.errors import InvalidRequest
+from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest, SamplingRequest
+
+
+@dataclass(slots=True, frozen=True)
+class Operation:
+    name: str  # gen_ai.operation.name: chat | text_completion
+    path: str
+    body_type: type[SamplingRequest]
+
+
+OPERATIONS = (Operation("chat", "/v1/chat/completions", ChatCompletionRequest),
+              Operation("text_completion", "/v1/completions", CompletionRequest))
+
+
+def plan(d: Deployment, key: KeyPolicy, body: SamplingRequest, raw: dict, price: ModelPrice) -> Plan:
+    """Count the prompt in the model's tokens, apply per-request limits, and bound what it may cost."""
+    tokenizer, max_model_len = d.model.tokenizer, d.model.max_model_len
+    if isinstance(body, ChatCompletionRequest):
+        try:
+            text = tokenizer.apply_chat_template(body.template_messages(), add_generation_prompt=True)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="messages") from None
+        ids, param = [tokenizer.encode(text, add_special_tokens=False)], "messages"
+    else:
+        ids = [tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else p for p in body.prompts()]
+        param = "prompt"
+    lens = [len(i) for i in ids]
+    if min(lens) == 0:
+        raise InvalidRequest("the prompt is empty", param="prompt")
+    requested = body.requested_max_tokens()
+    cap = check_request_limits(key, d.name, max(lens), requested, param)
+    per_output = body.checked_max_tokens(max(lens), max_model_len)
+    upstream = dict(raw, model=d.upstream_model or d.name)
+    if requested is None:
+        per_output = max(max_model_len - min(lens), 1)
+        if cap is not None:
+            per_output = upstream["max_tokens"] = min(cap, per_output)
+    if body.stream and not d.internal_headers:  # an external server's usage comes only in its last chunk
+        upstream["stream_options"] = {"include_usage": True}
+    outputs = len(lens) * body.num_choices
+    mode = "continuous" if body.continuous_usage else "final" if body.include_usage else "none"
+    return Plan(sum(lens), per_output, outputs, price.cost_usd(sum(lens), 0, per_output * outputs), upstream,
+                bool(body.stream), mode, ids[0])
+
+
+def cap_output(p: Plan, cap: int, price: ModelPrice) -> Plan:
+    """The plan with at most `cap` output tokens per choice (the degradation ladder's cap)."""
+    body = dict(p.body, max_tokens=cap)
+    body.pop("max_completion_tokens", None)
+    cost = price.cost_usd(p.prompt_tokens, 0, cap * p.num_outputs)
+    return Plan(p.prompt_tokens, cap, p.num_outputs, cost, body, p.stream, p.usage_mode, p.prompt_ids)

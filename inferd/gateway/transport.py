@@ -1,0 +1,197 @@
+"""The gateway's HTTP/1.1 client transport to its upstreams: keep-alive connections and a C parser.
+
+An httpx transport (httpx.AsyncBaseTransport), so the gateway's data path, its probes and its tests
+(httpx.MockTransport) speak one interface. httpx's own pool costs the gateway more CPU per request than
+the rest of its work (it checks every pooled connection on each request); here an idle connection that
+the server closes leaves the pool when its end-of-file arrives, so picking one is a list pop. https://
+upstreams go through httpx's own transport.
+"""
+import asyncio
+from collections import deque
+
+import httptools
+import httpx
+
+MAX_IDLE_PER_HOST = 256
+MAX_BUFFERED_CHUNKS = 64  # past this many unread body chunks the connection stops reading (backpressure)
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection; one request at a time. httptools calls the on_* methods while parsing."""
+
+    def __init__(self):
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.busy = False
+        self._parser: httptools.HttpResponseParser | None = None
+        self._head: asyncio.Future | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._chunks: deque[bytes] = deque()
+        self._readable = asyncio.Event()
+        self._complete = False
+        self._error: Exception | None = None
+        self._paused = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self._parser is None:  # bytes while idle: the server is confused; drop the connection
+            self.transport.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"invalid HTTP response: {exc}"))
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._parser is not None and not self._complete:
+            self._fail(httpx.RemoteProtocolError("the server closed the connection before the response ended"))
+
+    # httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if not self._head.done():
+            self._head.set_result(self._parser.get_status_code())
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._readable.set()
+        if len(self._chunks) >= MAX_BUFFERED_CHUNKS and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+        self._readable.set()
+
+    # used by the transport
+
+    async def request(self, data: bytes, timeout_s: float | None) -> tuple[int, list[tuple[bytes, bytes]]]:
+        self.busy = True
+        self._parser = httptools.HttpResponseParser(self)
+        self._head = asyncio.get_running_loop().create_future()
+        self._headers, self._complete, self._error = [], False, None
+        self.transport.write(data)
+        status = await asyncio.wait_for(asyncio.shield(self._head), timeout_s)
+        return status, self._headers
+
+    async def chunks(self, timeout_s: float | None):
+        while True:
+            while self._chunks:
+                chunk = self._chunks.popleft()
+                if self._paused and len(self._chunks) < MAX_BUFFERED_CHUNKS // 2:
+                    self._paused = False
+                    self.transport.resume_reading()
+                yield chunk
+            if self._error is not None:
+                raise self._error
+            if self._complete:
+                return
+            self._readable.clear()
+            await asyncio.wait_for(self._readable.wait(), timeout_s)
+
+    def reusable(self) -> bool:
+        return self._complete and not self.closed and self._parser.should_keep_alive()
+
+    def release(self) -> None:
+        self.busy, self._parser = False, None
+        self._chunks.clear()
+
+    def _fail(self, exc: Exception) -> None:
+        self._error = exc
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(exc)
+        self._readable.set()
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, pool: "UpstreamTransport", key: tuple[str, int], conn: _Connection, timeout_s: float | None):
+        self._pool, self._key, self._conn, self._timeout_s = pool, key, conn, timeout_s
+
+    async def __aiter__(self):
+        try:
+            async for chunk in self._conn.chunks(self._timeout_s):
+                yield chunk
+        except asyncio.TimeoutError:
+            raise httpx.ReadTimeout("the upstream sent nothing within the read timeout") from None
+
+    async def aclose(self) -> None:
+        self._pool._put_back(self._key, self._conn)
+
+
+class UpstreamTransport(httpx.AsyncBaseTransport):
+    def __init__(self, connect_timeout_s: float = 5.0):
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._tls = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme != "http":
+            return await self._tls.handle_async_request(request)
+        timeouts = request.extensions.get("timeout") or {}
+        key = (url.host, url.port or 80)
+        conn = await self._connection(key, timeouts.get("connect") or self.connect_timeout_s)
+        read_timeout_s = timeouts.get("read")
+        try:
+            status, headers = await conn.request(await _request_bytes(request), read_timeout_s)
+        except asyncio.TimeoutError:
+            conn.transport.close()
+            raise httpx.ReadTimeout("the upstream did not answer within the read timeout") from None
+        except BaseException:
+            conn.transport.close()
+            raise
+        return httpx.Response(status, headers=headers, stream=_Body(self, key, conn, read_timeout_s),
+                              extensions={"http_version": b"HTTP/1.1"}, request=request)
+
+    async def aclose(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.transport.close()
+        self._idle.clear()
+        await self._tls.aclose()
+
+    async def _connection(self, key: tuple[str, int], timeout_s: float) -> _Connection:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(_Connection, *key), timeout_s)
+        except asyncio.TimeoutError:
+            raise httpx.ConnectTimeout(f"no connection to {key[0]}:{key[1]} within {timeout_s} s") from None
+        except OSError as exc:
+            raise httpx.ConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
+        return conn
+
+    def _put_back(self, key: tuple[str, int], conn: _Connection) -> None:
+        if not conn.busy:
+            return
+        reusable = conn.reusable()
+        conn.release()
+        idle = self._idle.setdefault(key, [])
+        if reusable and len(idle) < MAX_IDLE_PER_HOST:
+            idle.append(conn)
+        else:
+            conn.transport.close()
+
+
+async def _request_bytes(request: httpx.Request) -> bytes:
+    body = request.content if isinstance(request.stream, httpx.ByteStream) else await request.aread()
+    target = request.url.raw_path
+    lines = [request.method.encode() + b" " + target + b" HTTP/1.1"]
+    lines += [name + b": " + value for name, value in request.headers.raw]
+    if body and b"content-length" not in (n.lower() for n, _ in request.headers.raw):
+        lines.append(b"content-length: " + str(len(body)).encode())
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+

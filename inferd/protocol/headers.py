@@ -1,0 +1,39 @@
+"""Header names and the values they carry between client, gateway and replica, parsed in one place."""
+from typing import Literal, get_args
+
+from inferd.protocol.errors import InvalidRequest
+
+REQUEST_ID = "x-request-id"  # the client's (or a generated) id, passed on to the replica and its engine
+DEADLINE_MS = "x-inferd-deadline-ms"  # the client's deadline; from the gateway: the milliseconds left
+PRIORITY = "x-inferd-priority"  # the scheduling class; a client may only lower its key's
+CACHE_NAMESPACE = "x-inferd-cache-namespace"  # gateway -> replica: the tenant whose prefix cache to use
+TENANT = "x-inferd-tenant"  # gateway -> replica
+USAGE_EVENTS = "x-inferd-usage-events"  # gateway -> replica: "1" asks for usage as SSE comments (USAGE_PREFIX)
+FALLBACK = "x-inferd-fallback"  # gateway -> client: "a->b" when a fallback deployment answered
+DEGRADED = "x-inferd-degraded"  # gateway -> client: the degradation steps applied
+
+USAGE_PREFIX = b": usage "  # an SSE comment holding the usage so far; clients ignore comments
+
+PriorityClass = Literal["interactive", "batch"]
+PRIORITY_CLASSES: tuple[PriorityClass, ...] = get_args(PriorityClass)  # dispatch order: interactive first
+
+UsageStatus = Literal["completed", "failed", "cancelled", "rejected", "expired"]
+USAGE_STATUSES: tuple[UsageStatus, ...] = get_args(UsageStatus)
+
+
+def deadline_ms(raw: str | None) -> int | None:
+    """The value of DEADLINE_MS; raises InvalidRequest unless a positive integer."""
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidRequest(f"{DEADLINE_MS} must be a positive integer (milliseconds)", param=DEADLINE_MS)
+    return int(raw)
+
+
+def priority_class(raw: str | None) -> PriorityClass | None:
+    """The value of PRIORITY; raises InvalidRequest unless one of PRIORITY_CLASSES."""
+    if raw is None:
+        return None
+    if raw not in PRIORITY_CLASSES:
+        raise InvalidRequest(f"{PRIORITY} must be one of {', '.join(PRIORITY_CLASSES)}", param=PRIORITY)
+    return raw

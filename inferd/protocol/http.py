@@ -1,0 +1,124 @@
+"""What every route of gateway and replica shares: request id, API key, body reading, disconnects, errors."""
+import asyncio
+import hmac
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferd.protocol.errors import (APIError, AuthenticationFailed, ClientClosedRequest, PayloadTooLarge,
+                                    error_response, to_api_error)
+from inferd.protocol.headers import REQUEST_ID as REQUEST_ID_HEADER
+
+T = TypeVar("T")
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+# request id, authentication and the error shape for every response
+
+class RequestContextMiddleware:
+    """Request id in and out, API key check on /v1/*, and the error shape for whatever escapes a route."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None,
+                 map_error: Callable[[BaseException], APIError] = to_api_error):
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.map_error = map_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        rid = _request_id(headers.get(REQUEST_ID_HEADER.encode(), b""))
+        scope.setdefault("state", {}).update(request_id=rid, arrival_s=time.monotonic())
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message = message | {"headers": [*message.get("headers", []), (REQUEST_ID_HEADER.encode(), rid.encode())]}
+            await send(message)
+
+        try:
+            self._authenticate(scope["path"], headers.get(b"authorization", b""))
+            await self.app(scope, receive, send_with_id)
+        except (ClientClosedRequest, ClientDisconnect):
+            return
+        except Exception as exc:
+            if started:
+                raise
+            await error_response(exc, self.map_error)(scope, receive, send_with_id)
+
+    def _authenticate(self, path: str, authorization: bytes) -> None:
+        if self.api_key is None or not path.startswith("/v1/"):
+            return
+        scheme, _, key = authorization.partition(b" ")
+        if scheme.lower() != b"bearer" or not key:
+            raise AuthenticationFailed("Missing API key: send it as 'Authorization: Bearer <key>'.")
+        if not hmac.compare_digest(key.strip(), self.api_key):
+            raise AuthenticationFailed("Incorrect API key provided.")
+
+
+def _request_id(raw: bytes) -> str:
+    text = raw.decode("latin-1")
+    return text if REQUEST_ID.fullmatch(text) else f"req_{uuid.uuid4().hex}"
+
+
+async def http_exception_handler(request: Request, exc: Exception) -> Response:
+    return error_response(exc)
+
+
+# request bodies and disconnects
+
+async def read_json(request: Request, max_body_bytes: int) -> Any:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise PayloadTooLarge(f"The request body is larger than {max_body_bytes} bytes.")
+        chunks.append(chunk)
+    return json.loads(b"".join(chunks))
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@asynccontextmanager
+async def cancelled_on_disconnect(request: Request) -> AsyncIterator[None]:
+    """The body runs in the current task; if the client goes away first, it is cancelled and
+    ClientClosedRequest raised. Enter it only once the request body has been read."""
+    task, gone = asyncio.current_task(), False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _wait_for_disconnect(request)
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+        raise ClientClosedRequest("The client closed the connection.") from None
+    finally:
+        watcher.cancel()
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Awaits work, unless the client goes away first (then ClientClosedRequest)."""
+    async with cancelled_on_disconnect(request):
+        return await work
