@@ -7,6 +7,7 @@ import time
 from inferd.bench.cli import add_bench_parser
 from inferd.engine.config import EngineConfig, add_engine_flags, engine_config_from
 from inferd.gateway import cli as gateway_cli
+from inferd.telemetry.logs import LOG_FORMATS
 
 log = logging.getLogger("inferd")
 
@@ -42,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     replica = commands.add_parser("replica", help="one replica: the engine behind the OpenAI API, no tenants")
     _replica_flags(replica)
     _listen_flags(replica, "require 'Authorization: Bearer KEY' on /v1/* ($INFERD_API_KEY)")
+    replica.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     gateway = commands.add_parser("gateway", help="the gateway alone, in front of OpenAI-compatible upstreams")
     gateway.add_argument("--upstream", action="append", required=True, help="base URL of a replica (repeatable)")
     gateway.add_argument("--upstream-api-key", default=os.environ.get("INFERD_UPSTREAM_API_KEY"))
@@ -68,7 +70,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def _log_flags(args: argparse.Namespace) -> list[str]:
-    return ["--log-level", args.log_level]
+    """How `inferd serve` logs, passed to the replicas it starts: one format across the processes."""
+    return ["--log-level", args.log_level, "--log-format", args.log_format]
 
 
 # commands

@@ -35,9 +35,9 @@ def test_engine_flags_give_the_config_back(command):
 
 
 def test_replica_args_give_the_config_back():
-    args = _parser().parse_args(["replica", *replica_args(None, "smol", _changed(), ["--log-level", "debug"])])
+    args = _parser().parse_args(["replica", *replica_args(None, "smol", _changed(), ["--log-format", "json"])])
     assert engine_config_from(args) == _changed()
-    assert (args.model, args.served_model_name, args.log_level) == (None, "smol", "debug")
+    assert (args.model, args.served_model_name, args.log_format) == (None, "smol", "json")
 
 
 def test_old_flag_names_still_parse():
