@@ -5,42 +5,22 @@ import sys
 import time
 
 from inferd.bench.cli import add_bench_parser
-from inferd.engine.config import EngineConfig
 from inferd.control import commands as gateway_cli
+from inferd.engine.config import EngineConfig, add_engine_flags, engine_config_from
+from inferd.telemetry.logs import LOG_FORMATS
 
 log = logging.getLogger("inferd")
 
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
-DEFAULTS = EngineConfig()
-ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "num_kv_blocks", "max_model_len",
-                "num_threads", "served_model_name", "quantization", "scheduling_policy",
-                "num_speculative_tokens", "speculative_model")
 
 
 # parser
 
-def _engine_flags(p: argparse.ArgumentParser) -> None:
+def _replica_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: the model's)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
-    p.add_argument("--quantization", choices=["none", "int8"], default=DEFAULTS.quantization,
-                   help="int8: weight-only int8 linears, per output channel (default: %(default)s)")
-    p.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULTS.max_num_batched_tokens)
-    p.add_argument("--kv-cache-gib", type=float, default=DEFAULTS.kv_cache_gib)
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="overrides --kv-cache-gib")
-    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
-    p.add_argument("--num-threads", type=int, default=None, help="torch threads for the engine (default: all cores)")
-    p.add_argument("--num-speculative-tokens", type=int, default=DEFAULTS.num_speculative_tokens,
-                   help="drafts verified per decode step (0: off); by prompt lookup unless --speculative-model")
-    p.add_argument("--speculative-model", default=None, metavar="PATH|layers:N",
-                   help="draft model: a smaller .gguf or model directory of the same tokenizer, or layers:N (the "
-                   "model's own first N layers); needs --num-speculative-tokens")
-    p.add_argument("--scheduling-policy", choices=["priority", "fcfs"], default=DEFAULTS.scheduling_policy,
-                   help="priority: the gateway's class (interactive before batch, batch preempted first); fcfs")
-    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                   help="never reuse the KV of earlier prompts (default: reuse within a cache namespace)")
+    add_engine_flags(p)
 
 
 def _listen_flags(p: argparse.ArgumentParser, key_help: str) -> None:
@@ -54,15 +34,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferd", description="Self-hosted LLM inference, OpenAI-compatible.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="the gateway in front of local replica processes of one model")
-    _engine_flags(serve)
+    _replica_flags(serve)
     _listen_flags(serve, "register this key (hashed) for tenant 'default' ($INFERD_API_KEY)")
     serve.add_argument("--replicas", type=int, default=1, help="local replica processes (default 1)")
     serve.add_argument("--config", default=None, help="a deployment spec (YAML): its deployments replace MODEL and "
                        "the engine flags")
     gateway_cli.add_gateway_flags(serve)
     replica = commands.add_parser("replica", help="one replica: the engine behind the OpenAI API, no tenants")
-    _engine_flags(replica)
+    _replica_flags(replica)
     _listen_flags(replica, "require 'Authorization: Bearer KEY' on /v1/* ($INFERD_API_KEY)")
+    replica.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     gateway = commands.add_parser("gateway", help="the gateway alone, in front of OpenAI-compatible upstreams")
     gateway.add_argument("--upstream", action="append", required=True, help="base URL of a replica (repeatable)")
     gateway.add_argument("--upstream-api-key", default=os.environ.get("INFERD_UPSTREAM_API_KEY"))
@@ -83,25 +64,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     try:
-        return EngineConfig(dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                            max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gib=args.kv_cache_gib,
-                            num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
-                            num_threads=args.num_threads, enable_prefix_caching=args.enable_prefix_caching,
-                            quantization=args.quantization, scheduling_policy=args.scheduling_policy,
-                            num_speculative_tokens=args.num_speculative_tokens,
-                            speculative_model=args.speculative_model)
+        return engine_config_from(args)
     except ValueError as exc:
         raise SystemExit(f"inferd {args.command}: error: {exc}")
 
 
-def _replica_args(args: argparse.Namespace) -> list[str]:
-    out = [args.model] if args.model else []
-    for name in ENGINE_FLAGS:
-        if getattr(args, name) is not None:
-            out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    if not args.enable_prefix_caching:
-        out.append("--no-prefix-caching")
-    return out + ["--log-level", args.log_level]
+def _log_flags(args: argparse.Namespace) -> list[str]:
+    """How `inferd serve` logs, passed to the replicas it starts: one format across the processes."""
+    return ["--log-level", args.log_level, "--log-format", args.log_format]
 
 
 # commands
@@ -131,19 +101,21 @@ def _replica(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """The gateway on --port, in front of local `inferd replica` processes (one model, or a --config spec)."""
-    from inferd.control.launch import local_plans, spec_plans, start_deployments, stop_all
+    from inferd.control.launch import local_plans, replica_args, spec_plans, start_deployments, stop_all
     from inferd.control.rollout import controller_for
     from inferd.control.spec import SpecError, load_spec
     from inferd.control.gateway_setup import gateway_config, open_store, run_gateway
 
     if args.config and args.model:
         raise SystemExit("inferd serve: give MODEL (and engine flags) or --config, not both")
-    try:
-        plans = spec_plans(load_spec(args.config)) if args.config else local_plans(args, _replica_args(args))
-    except SpecError as exc:
-        raise SystemExit(f"inferd serve: {args.config}: {exc}")
-    if not args.config:
-        _engine_config(args)  # bad engine flags stop here, before anything starts
+    if args.config:
+        try:
+            plans = spec_plans(load_spec(args.config), _log_flags(args))
+        except SpecError as exc:
+            raise SystemExit(f"inferd serve: {args.config}: {exc}")
+    else:  # bad engine flags stop here, before anything starts
+        engine = _engine_config(args)
+        plans = local_plans(args, replica_args(args.model, args.served_model_name, engine, _log_flags(args)))
     config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
     store = open_store(config, args.api_key)
     try:

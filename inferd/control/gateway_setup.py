@@ -114,4 +114,4 @@ def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, l
              config.port, config.gateway_id, store.engine.url.render_as_string(hide_password=True),
              "redis" if config.redis_url else "in-process")
     uvicorn.run(build_gateway_app(gateway), host=config.host, port=config.port, log_level=log_level,
-                access_log=False, timeout_graceful_shutdown=5)
+                log_config=None, access_log=False, timeout_graceful_shutdown=5)

@@ -3,7 +3,7 @@ import argparse
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +11,7 @@ from inferd.control.placement import make_replica
 from inferd.control.pool import ReplicaPool, per_replica_slots
 from inferd.control.replicas import ReplicaHandle, ReplicaProcess
 from inferd.control.spec import DeploymentSpec, ServiceSpec
+from inferd.engine.config import EngineConfig, engine_flags
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.degrade import Degrader
@@ -31,25 +32,23 @@ def local_plans(args: argparse.Namespace, replica_args: list[str]) -> list[Deplo
     return [DeploymentPlan(None, [make() for _ in range(args.replicas)], make)]
 
 
-def spec_plans(spec: ServiceSpec) -> list[DeploymentPlan]:
+def spec_plans(spec: ServiceSpec, log_flags: Sequence[str] = ()) -> list[DeploymentPlan]:
     plans = []
     for d in spec.deployments:
-        make = functools.partial(make_replica, d.placement, replica_args(d)) if d.model else None
+        make = None
+        if d.model:
+            args = replica_args(d.model.source, d.name, d.runtime, log_flags)
+            make = functools.partial(make_replica, d.placement, args)
         plans.append(DeploymentPlan(d, [make() for _ in range(d.replicas)] if make else [], make))
     return plans
 
 
-def replica_args(d: DeploymentSpec) -> list[str]:
-    r = d.runtime
-    out = [] if d.model.source == "default" else [d.model.source]
-    out += ["--served-model-name", d.name, "--dtype", r.dtype, "--max-num-seqs", str(r.max_num_seqs),
-            "--max-num-batched-tokens", str(r.max_num_batched_tokens), "--kv-cache-gib", str(r.kv_cache_gib),
-            "--quantization", r.quantization, "--scheduling-policy", r.scheduling_policy,
-            "--num-speculative-tokens", str(r.num_speculative_tokens)]
-    for name in ("max_model_len", "num_threads", "speculative_model"):
-        if getattr(r, name) is not None:
-            out += [f"--{name.replace('_', '-')}", str(getattr(r, name))]
-    return out + ([] if r.enable_prefix_caching else ["--no-prefix-caching"])
+def replica_args(model: str | None, served_model_name: str | None, engine: EngineConfig,
+                 log_flags: Sequence[str] = ()) -> list[str]:
+    """`inferd replica` arguments: the model (None or "default": the packaged one), its name, the engine."""
+    out = [] if model in (None, "default") else [model]
+    out += ["--served-model-name", served_model_name] if served_model_name else []
+    return out + engine_flags(engine) + list(log_flags)
 
 
 def start_deployments(plans: list[DeploymentPlan], config: GatewayConfig) -> Deployments:

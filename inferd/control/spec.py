@@ -12,14 +12,11 @@ from typing import Any
 
 import yaml
 
+from inferd.engine.config import EngineConfig, SettingError
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.config import ModelPrice
 from inferd.gateway.degrade import DEGRADE_ACTIONS, DegradationSpec, DegradationStep
 from inferd.router.router import RouterConfig
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "int8")
-SCHEDULING_POLICIES = ("priority", "fcfs")
 
 
 class SpecError(ValueError):
@@ -30,21 +27,6 @@ class SpecError(ValueError):
 class ModelSpec:
     source: str = "default"  # a .gguf file, a Hugging Face directory, or "default" (the packaged SmolLM2)
     sha256: str | None = None  # pin: the weights file's digest (a directory: its safetensors, as the replica logs)
-
-
-@dataclass(slots=True)
-class RuntimeSpec:
-    dtype: str = "auto"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    kv_cache_gib: float = 1.0
-    max_model_len: int | None = None
-    num_threads: int | None = None  # the replica shape on CPU: threads per replica
-    enable_prefix_caching: bool = True
-    quantization: str = "none"  # or int8 (weight-only)
-    scheduling_policy: str = "priority"  # or fcfs
-    num_speculative_tokens: int = 0  # drafts per decode step (0: off)
-    speculative_model: str | None = None  # a .gguf / HF directory of the same tokenizer, or layers:N
 
 
 @dataclass(slots=True)
@@ -107,7 +89,7 @@ class DeploymentSpec:
     version: str = "v1"
     role: str = "stable"  # or "canary": a second version of a stable deployment's name
     model: ModelSpec | None = None
-    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    runtime: EngineConfig = field(default_factory=EngineConfig)  # every engine setting (user_settings)
     replicas: int = 1  # replicas at start (within autoscaling's min and max when it is set)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     autoscaling: AutoscalingSpec | None = None
@@ -138,10 +120,11 @@ def load_spec(path: str | Path, verify_digests: bool = True) -> ServiceSpec:
 
 
 def build(cls: type, raw: Any, where: str) -> Any:
-    """A dataclass from YAML data, strictly: every field known, every value of its declared type."""
+    """A dataclass from YAML data, strictly: every field known, every value of its declared type (fields with
+    metadata setting=False are set by code, not by the file)."""
     if not isinstance(raw, dict):
         raise SpecError(f"{where or 'the file'}: expected a mapping, got {type(raw).__name__}")
-    known = {f.name: f for f in fields(cls)}
+    known = {f.name: f for f in fields(cls) if f.metadata.get("setting", True)}
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise SpecError(f"{_at(where, unknown[0])}: unknown field (known: {', '.join(known)})")
@@ -152,6 +135,8 @@ def build(cls: type, raw: Any, where: str) -> Any:
             raise SpecError(f"{_at(where, name)}: required")
     try:
         return cls(**values)
+    except SettingError as exc:
+        raise SpecError(f"{_at(where, exc.name)}: {exc.problem}") from None
     except (ValueError, TypeError) as exc:
         raise SpecError(f"{where or 'the file'}: {exc}") from None
 
@@ -287,26 +272,11 @@ def _check_degradation(g: DegradationSpec, others: set[str], where: str) -> None
         raise SpecError(f"{where}: overload_queue_age_ms must be above 0 and sustain_s at least 0")
 
 
-def _check_runtime(r: RuntimeSpec, where: str) -> None:
-    if r.dtype not in DTYPES:
-        raise SpecError(f"{where}.dtype: must be one of {', '.join(DTYPES)}")
-    for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_threads"):
-        value = getattr(r, name)
-        if value is not None and value < 1:
-            raise SpecError(f"{where}.{name}: must be at least 1")
-    if r.kv_cache_gib <= 0:
-        raise SpecError(f"{where}.kv_cache_gib: must be above 0")
-    for name, allowed in (("quantization", QUANTIZATIONS), ("scheduling_policy", SCHEDULING_POLICIES)):
-        if getattr(r, name) not in allowed:
-            raise SpecError(f"{where}.{name}: must be one of {', '.join(allowed)}")
-    if r.num_speculative_tokens < 0:
-        raise SpecError(f"{where}.num_speculative_tokens: must be at least 0")
-    if r.speculative_model is not None:
-        if r.num_speculative_tokens < 1:
-            raise SpecError(f"{where}.speculative_model: needs num_speculative_tokens of at least 1")
-        m = r.speculative_model
-        if not (m.startswith("layers:") and m[7:].isdigit()) and not Path(m).expanduser().exists():
-            raise SpecError(f"{where}.speculative_model: {m} is neither layers:N nor an existing model path")
+def _check_runtime(r: EngineConfig, where: str) -> None:
+    """What depends on this machine; the values themselves EngineConfig checks."""
+    m = r.speculative_model
+    if m is not None and not (m.startswith("layers:") and m[7:].isdigit()) and not Path(m).expanduser().exists():
+        raise SpecError(f"{where}.speculative_model: {m} is neither layers:N nor an existing model path")
     cores = os.cpu_count() or 1
     if r.num_threads is not None and r.num_threads > cores:
         raise SpecError(f"{where}.num_threads: {r.num_threads} threads, but this machine has {cores} cores")

@@ -1,7 +1,8 @@
 """The engine loop in its own thread, beside an asyncio server.
 
-Requests and aborts cross into the thread through one queue; each step's
-outputs cross back with one call_soon_threadsafe. The loop sleeps while idle.
+Requests and aborts cross into the thread through one queue as typed messages;
+each step's outputs cross back with one call_soon_threadsafe. The loop sleeps
+while idle.
 """
 import asyncio
 import logging
@@ -9,6 +10,8 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+
+import llguidance
 
 from inferd.engine.engine import LLMEngine
 from inferd.engine.spec_decode import SpecStats
@@ -30,10 +33,35 @@ class EngineStats:
     spec: SpecStats | None = None  # speculative decoding, when on
 
 
+# inbox messages: event loop -> engine thread
+
+@dataclass(slots=True)
+class AddRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_namespace: str
+    grammar: llguidance.LLMatcher | None  # compiled off the engine thread
+    priority: int
+
+
+@dataclass(slots=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(slots=True)
+class Wake:
+    """Nothing to do: the loop wakes and sees that it is stopping."""
+
+
+InboxMessage = AddRequest | AbortRequest | Wake
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[InboxMessage] = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -65,7 +93,7 @@ class AsyncEngine:
 
     async def stop(self) -> None:
         self._stopping.set()
-        self._inbox.put(("wake", None))
+        self._inbox.put(Wake())
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
 
@@ -87,7 +115,7 @@ class AsyncEngine:
             raise EngineError(f"request id {request_id!r} is already in use")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        self._inbox.put(("add", (request_id, prompt_token_ids, params, cache_namespace, grammar, priority)))
+        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, cache_namespace, grammar, priority))
         finished = False
         try:
             while not finished:
@@ -99,10 +127,10 @@ class AsyncEngine:
         finally:
             self._streams.pop(request_id, None)
             if not finished:
-                self._inbox.put(("abort", request_id))
+                self._inbox.put(AbortRequest(request_id))
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+        self._inbox.put(AbortRequest(request_id))
 
     # ---- engine thread
 
@@ -120,30 +148,35 @@ class AsyncEngine:
 
     def _drain_inbox(self, block: bool) -> None:
         try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            message = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         outputs = []
-        while item is not None:
-            outputs += self._handle(*item)
+        while message is not None:
+            outputs += self._handle(message)
             try:
-                item = self._inbox.get_nowait()
+                message = self._inbox.get_nowait()
             except queue.Empty:
-                item = None
+                message = None
         self._deliver(outputs)
 
-    def _handle(self, kind: str, arg) -> list[RequestOutput]:
-        if kind == "add":
-            request_id = arg[0]
-            try:
-                self.engine.add_request(*arg)
-            except EngineError as e:
-                self._loop.call_soon_threadsafe(self._put, request_id, e)
-            return []
-        if kind == "abort":
-            out = self.engine.abort(arg)
-            return [out] if out else []
-        return []
+    def _handle(self, message: InboxMessage) -> list[RequestOutput]:
+        match message:
+            case AddRequest():
+                self._add(message)
+                return []
+            case AbortRequest():
+                out = self.engine.abort(message.request_id)
+                return [out] if out else []
+            case Wake():
+                return []
+
+    def _add(self, message: AddRequest) -> None:
+        try:
+            self.engine.add_request(message.request_id, message.prompt_token_ids, message.params,
+                                    message.cache_namespace, message.grammar, message.priority)
+        except EngineError as e:
+            self._loop.call_soon_threadsafe(self._put, message.request_id, e)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         if outputs:

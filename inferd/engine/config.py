@@ -1,36 +1,113 @@
-from dataclasses import dataclass, field
+"""The engine's settings, written once: EngineConfig's fields make the `inferd serve|replica` flags, the
+deployment spec's `runtime:` section and the arguments a replica process is started with."""
+import argparse
+import types
+import typing
+from dataclasses import Field, dataclass, field, fields
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8")
+SCHEDULING_POLICIES = ("priority", "fcfs")
+
+
+class SettingError(ValueError):
+    """An engine setting this engine cannot honour; .name names it."""
+
+    def __init__(self, name: str, problem: str):
+        super().__init__(f"{name}: {problem}")
+        self.name, self.problem = name, problem
+
+
+def setting(default, help: str, choices: tuple[str, ...] = (), metavar: str | None = None):
+    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
 
 
 @dataclass(slots=True)
 class EngineConfig:
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 where the CPU has native bf16 matmul, else fp32)
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512  # chunked prefill: see benchmarks/chunked_prefill.py
-    kv_cache_gib: float = 1.0
-    num_kv_blocks: int | None = None  # overrides kv_cache_gib when set
-    block_size: int = 16
-    max_model_len: int | None = None  # defaults to the model's context length
-    pack_weights: bool = True  # prepack linear weights for oneDNN where the CPU supports the dtype
-    quantization: str = "none"  # none | int8 (weight-only, per output channel; fp32 activations)
-    paged_attention_kernel: bool = True  # fp32 decode attention in C++, built on first use (torch path if not)
-    num_threads: int | None = None  # torch threads for the engine; default: all cores
-    num_speculative_tokens: int = 0  # drafts verified per step (0: off; see benchmarks/spec_decode.py)
-    speculative_model: str | None = None  # drafts by: None prompt lookup; a .gguf/HF dir of the same tokenizer;
-    # "layers:N" the model's own first N layers (engine/draft.py)
-    scheduling_policy: str = "priority"  # fcfs | priority (the gateway's class; lower classes preempted first)
-    enable_prefix_caching: bool = True  # reuse the KV of full prompt blocks seen before in the same namespace
-    public_prefixes: list[list[int]] = field(default_factory=list)  # token ids (system prompts) all namespaces share
+    dtype: str = setting("auto", "auto: bfloat16 where the CPU has native bf16 matmul, else float32", DTYPES)
+    max_num_seqs: int = setting(64, "sequences running at once")
+    max_num_batched_tokens: int = setting(512, "tokens per step; longer prompts are prefilled in chunks "
+                                          "(benchmarks/chunked_prefill.py)")
+    kv_cache_gib: float = setting(1.0, "KV cache size in GiB")
+    num_kv_blocks: int | None = setting(None, "KV cache size in blocks; overrides kv_cache_gib")
+    block_size: int = setting(16, "tokens per KV cache block")
+    max_model_len: int | None = setting(None, "default: the model's context length")
+    pack_weights: bool = setting(True, "prepack linear weights for oneDNN where the CPU supports the dtype")
+    quantization: str = setting("none", "int8: weight-only int8 linears, per output channel, float32 "
+                                "activations", QUANTIZATIONS)
+    paged_attention_kernel: bool = setting(True, "float32 decode attention in C++, built on first use "
+                                           "(else the torch path)")
+    num_threads: int | None = setting(None, "torch threads for the engine (default: all cores)")
+    num_speculative_tokens: int = setting(0, "drafts verified per decode step (0: off); drafted by prompt "
+                                          "lookup unless speculative_model is set")
+    speculative_model: str | None = setting(None, "draft model: a smaller .gguf or model directory of the same "
+                                            "tokenizer, or layers:N (the model's own first N layers); needs "
+                                            "num_speculative_tokens", metavar="PATH|layers:N")
+    scheduling_policy: str = setting("priority", "priority: the gateway's class (interactive before batch, "
+                                     "batch preempted first); fcfs", SCHEDULING_POLICIES)
+    enable_prefix_caching: bool = setting(True, "reuse the KV of full prompt blocks seen before in the same "
+                                          "cache namespace")
+    public_prefixes: list[list[int]] = field(default_factory=list, metadata={"setting": False})  # token ids
 
     def __post_init__(self):
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
-        if self.quantization not in ("none", "int8"):
-            raise ValueError(f"quantization must be none or int8; got {self.quantization!r}")
+        for f in user_settings():
+            if f.metadata["choices"] and getattr(self, f.name) not in f.metadata["choices"]:
+                raise SettingError(f.name, f"must be one of {', '.join(f.metadata['choices'])}; "
+                                   f"got {getattr(self, f.name)!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size", "max_model_len",
+                     "num_threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise SettingError(name, "must be at least 1")
         if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:
-            raise ValueError("kv_cache_gib must be positive")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be fcfs or priority; got {self.scheduling_policy!r}")
+            raise SettingError("kv_cache_gib", "must be above 0")
+        if self.num_speculative_tokens < 0:
+            raise SettingError("num_speculative_tokens", "must be at least 0")
         if self.speculative_model and self.num_speculative_tokens < 1:
-            raise ValueError("a speculative model needs num_speculative_tokens (the drafts per step) >= 1")
+            raise SettingError("speculative_model", "needs num_speculative_tokens (the drafts per step) >= 1")
         if any(not prefix for prefix in self.public_prefixes):
-            raise ValueError("a public prefix must hold at least one token id")
+            raise SettingError("public_prefixes", "a public prefix must hold at least one token id")
+
+
+def user_settings() -> list[Field]:
+    """The fields a user sets (flags, spec runtime, replica arguments); the rest are set by code."""
+    return [f for f in fields(EngineConfig) if f.metadata.get("setting", True)]
+
+
+# command line
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    for f in user_settings():
+        help = f.metadata["help"] + ("" if f.default is None else " (default: %(default)s)")
+        if f.type is bool:
+            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=f.default, help=help)
+        else:
+            parser.add_argument(_flag(f.name), dest=f.name, type=_scalar(f.type), default=f.default,
+                                choices=f.metadata["choices"] or None, metavar=f.metadata["metavar"], help=help)
+
+
+def engine_config_from(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(**{f.name: getattr(args, f.name) for f in user_settings()})
+
+
+def engine_flags(config: EngineConfig) -> list[str]:
+    """The flags that give `config` back when parsed by add_engine_flags' parser (defaults left out)."""
+    out = []
+    for f in user_settings():
+        value = getattr(config, f.name)
+        if value == f.default:
+            continue
+        if f.type is bool:
+            out.append(_flag(f.name) if value else f"--no-{_flag(f.name)[2:]}")
+        else:
+            out += [_flag(f.name), str(value)]
+    return out
+
+
+def _flag(name: str) -> str:
+    return "--" + name.removeprefix("enable_").replace("_", "-")
+
+
+def _scalar(hint) -> type:
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    return next(t for t in options if t is not type(None))

@@ -74,7 +74,7 @@ def build_replica_app(engine: AsyncEngine, model: LoadedModel, config: ReplicaCo
 
 
 def serve(app: Starlette, config: ReplicaConfig) -> None:
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, log_config=None,
                 access_log=config.log_level == "debug", timeout_graceful_shutdown=5)
 
 

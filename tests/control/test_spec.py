@@ -40,7 +40,8 @@ def test_a_valid_spec_loads_into_plans(tmp_path, digest):
     assert [d.name for d in spec.deployments] == ["smol", "hosted"]
     smol = spec.deployments[0]
     assert smol.router.policy == "least_loaded" and smol.price.output_usd_per_mtok == 0.2
-    assert replica_args(smol)[:2] == ["--served-model-name", "smol"] and "--num-threads" in replica_args(smol)
+    args = replica_args(smol.model.source, smol.name, smol.runtime)
+    assert args[:2] == ["--served-model-name", "smol"] and "--num-threads" in args
     plans = spec_plans(spec)
     assert len(plans[0].replicas) == 2 and plans[1].replicas == []
 

@@ -1,0 +1,20 @@
+import json
+import logging
+
+from inferd.telemetry.logs import JsonFormatter, TextFormatter
+
+
+def record() -> logging.LogRecord:
+    r = logging.LogRecord("inferd.gateway", logging.INFO, "", 0, "request %s", ("done",), None)
+    r.__dict__.update(request_id="r1", status=200, color_message="\x1b[1mrequest done\x1b[0m")  # as extra= does
+    return r
+
+
+def test_text_lines_end_with_the_extra_fields():
+    assert TextFormatter().format(record()).endswith(" INFO inferd.gateway: request done request_id=r1 status=200")
+
+
+def test_json_lines_hold_the_extra_fields_but_not_uvicorns_color_copy():
+    line = json.loads(JsonFormatter().format(record()))
+    assert (line["msg"], line["request_id"], line["status"]) == ("request done", "r1", 200)
+    assert "color_message" not in line
