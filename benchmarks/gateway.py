@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "fake-model"
 TARGET_CPU, CLIENT_CPU = 1, 0
 ALL_TARGETS = ("direct", "inferd", "litellm")
-LITELLM_PACKAGES = ["litellm[proxy]", "opentelemetry-sdk"]
+LITELLM_VENV, LITELLM_PACKAGES = "benchmarks/.venvs/litellm", ["litellm[proxy]", "opentelemetry-sdk"]
 
 
 @dataclass(slots=True)
@@ -73,7 +73,7 @@ class Settings:
     request_timeout_s: float = 30.0
     startup_timeout_s: float = 120.0
     client: str = "raw"
-    litellm_venv: str = "benchmarks/.venvs/litellm"  # relative to the repository root
+    litellm_venv: str = LITELLM_VENV  # relative to the repository root, or absolute
     max_tokens: int = 16
     nice: int = 0
     inferd_rev: str = "HEAD"  # of a bare `inferd` in --targets
@@ -741,7 +741,7 @@ def parse_args() -> tuple[Settings, dict, Path]:
                     help="the commit a bare `inferd` target measures (default HEAD), exported to a temporary "
                          "directory; 'worktree': the working tree as it is, uncommitted changes included")
     ap.add_argument("--client", choices=("raw", "httpx"), default="raw")
-    ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", Settings.litellm_venv),
+    ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", LITELLM_VENV),
                     help="relative to the repository root or absolute; created on first use (default %(default)s)")
     ap.add_argument("--out", default="benchmarks/results/gateway", help="writes OUT.json and OUT.md")
     a = ap.parse_args()
