@@ -6,7 +6,9 @@ when a gateway sits in front of it. Targets:
 
   direct   the fake upstream itself, on core 1: the baseline every "added" figure subtracts
   inferd   `inferd gateway` over the fake upstream; one tenant, TPM limit --tpm-limit, one key;
-           the code of --inferd-rev (default HEAD), exported, so edits in the tree during the run don't count
+           the code of --inferd-rev (default HEAD), exported, so edits in the tree during the run don't count.
+           inferd@REV runs commit REV (inferd@worktree: the tree as it is); several in one run
+           (inferd@09248e8,inferd@HEAD) are each a target of its own, named inferd@<short commit>
   litellm  the LiteLLM proxy (litellm[proxy] in --litellm-venv, config benchmarks/litellm/),
            one uvicorn worker, one key with the same TPM limit
 
@@ -20,13 +22,17 @@ targets stay up for the whole run), so drift in the machine's speed hits all ali
 the report quotes medians. The CPU time the
 target's processes spend per request is reported beside req/s: it holds still when
 other jobs on the machine take turns on core 1, where req/s and p99 do not.
+The report gives each inferd target's ratios to LiteLLM and, for each pair of inferd
+revisions, the later's over the earlier's (later: more commits in its history).
 
-    python3.11 -m venv /work/litellm-venv
-    /work/litellm-venv/bin/pip install 'litellm[proxy]' opentelemetry-sdk
     PYTHONPATH=. .venv/bin/python benchmarks/gateway.py --nice -10 --out benchmarks/results/gateway
+    PYTHONPATH=. .venv/bin/python benchmarks/gateway.py --nice -10 \
+        --targets direct,inferd@09248e8,inferd@HEAD,litellm --out benchmarks/results/gateway   # before/after
 
-About 8 minutes with the defaults. --targets direct,litellm skips a target; one
-that fails to start is reported as failed and the others still run.
+On first use it creates benchmarks/.venvs/litellm (python3.11 -m venv, then pip install
+'litellm[proxy]' opentelemetry-sdk); --litellm-venv names another. About 8 minutes with
+the defaults, 2 more per extra inferd revision. --targets direct,litellm skips a target;
+one that fails to start is reported as failed and the others still run.
 """
 import argparse
 import asyncio
@@ -52,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "fake-model"
 TARGET_CPU, CLIENT_CPU = 1, 0
 ALL_TARGETS = ("direct", "inferd", "litellm")
+LITELLM_VENV, LITELLM_PACKAGES = "benchmarks/.venvs/litellm", ["litellm[proxy]", "opentelemetry-sdk"]
 
 
 @dataclass(slots=True)
@@ -66,11 +73,10 @@ class Settings:
     request_timeout_s: float = 30.0
     startup_timeout_s: float = 120.0
     client: str = "raw"
-    litellm_venv: str = "/work/litellm-venv"
+    litellm_venv: str = LITELLM_VENV  # relative to the repository root, or absolute
     max_tokens: int = 16
     nice: int = 0
-    inferd_rev: str = "HEAD"
-    inferd_src: str = ""  # set in main: the directory whose inferd/ the inferd target runs
+    inferd_rev: str = "HEAD"  # of a bare `inferd` in --targets
 
 
 class TargetFailed(Exception):
@@ -340,7 +346,7 @@ async def measure_all(settings: Settings, targets: list[Target]) -> list[float]:
                 t.fail(str(e))
                 continue
             t.latency_runs.append(r)
-            print(f"  run {i + 1} {t.name:8s} latency: non-stream p50 {r['nonstream_e2e_ms']['p50']:.3f} ms, "
+            print(f"  run {i + 1} {t.name:16s} latency: non-stream p50 {r['nonstream_e2e_ms']['p50']:.3f} ms, "
                   f"stream TTFB p50 {r['stream_ttfb_ms']['p50']:.3f} ms, errors {r['errors']}", flush=True)
     for i in range(settings.repeats):
         speeds.append(core_speed_us(TARGET_CPU))
@@ -348,7 +354,7 @@ async def measure_all(settings: Settings, targets: list[Target]) -> list[float]:
             for t in live():
                 r = await closed_loop(settings, t.base_url, t.key, c, t.pgid)
                 t.throughput_runs.setdefault(c, []).append(r)
-                print(f"  run {i + 1} {t.name:8s} concurrency {c:3d}: {r['rps']:8.1f} req/s, errors {r['errors']}, "
+                print(f"  run {i + 1} {t.name:16s} concurrency {c:3d}: {r['rps']:8.1f} req/s, errors {r['errors']}, "
                       f"target CPU {r['target_cpu_ms_per_request']:.3f} ms/request", flush=True)
     speeds.append(core_speed_us(TARGET_CPU))
     return speeds
@@ -461,23 +467,30 @@ def start_direct(procs: Processes, settings: Settings, workdir: Path) -> tuple[s
     return f"http://127.0.0.1:{port}", "unused"
 
 
-def inferd_source(rev: str, workdir: Path) -> tuple[Path, str, bool]:
-    """(directory whose inferd/ the inferd target runs, its commit, whether it holds uncommitted changes).
-
-    A commit is exported (git archive) so that edits others make in the shared tree during the run
-    cannot change what is measured; "worktree" runs the tree as it is."""
+def inferd_revision(rev: str) -> dict | None:
+    """The commit an inferd target runs: short hash, its history's length (to order revisions), and
+    whether the tree holds uncommitted changes in inferd/ (for "worktree" only). None if rev is no commit."""
     if rev == "worktree":
+        commit = command_output(["git", "rev-parse", "--short", "HEAD"])
         dirty = bool(command_output(["git", "status", "--porcelain", "--", "inferd"]))
-        return ROOT, command_output(["git", "rev-parse", "--short", "HEAD"]), dirty
+        return {"commit": commit, "history": int(command_output(["git", "rev-list", "--count", "HEAD"])) + 0.5,
+                "dirty": dirty}
     commit = command_output(["git", "rev-parse", "--short", f"{rev}^{{commit}}"])
     if not commit:
-        sys.exit(f"--inferd-rev {rev}: not a commit of {ROOT}")
-    dest = workdir / "inferd-src"
+        return None
+    return {"commit": commit, "history": int(command_output(["git", "rev-list", "--count", commit])), "dirty": False}
+
+
+def inferd_source(rev: str, dest: Path) -> Path:
+    """The directory whose inferd/ the target runs. A commit is exported (git archive) to dest so that edits
+    others make in the shared tree during the run cannot change what is measured; "worktree": the tree as it is."""
+    if rev == "worktree":
+        return ROOT
     dest.mkdir()
-    archive = subprocess.run(["git", "archive", commit, "inferd"], cwd=ROOT, capture_output=True, check=True)
+    archive = subprocess.run(["git", "archive", rev, "inferd"], cwd=ROOT, capture_output=True, check=True)
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(dest, filter="data")
-    return dest, commit, False
+    return dest
 
 
 def inferd_cli(args: list[str], env: dict, src: Path) -> str:
@@ -488,8 +501,8 @@ def inferd_cli(args: list[str], env: dict, src: Path) -> str:
     return r.stdout
 
 
-def start_inferd(procs: Processes, settings: Settings, workdir: Path) -> tuple[str, str]:
-    src = Path(settings.inferd_src)
+def start_inferd(procs: Processes, settings: Settings, workdir: Path, rev: str) -> tuple[str, str]:
+    src = inferd_source(rev, workdir / "src")
     env = os.environ | {"PYTHONPATH": str(src)}  # and cwd=src: `python -m` puts the cwd first on sys.path
     upstream = start_upstream(procs, CLIENT_CPU, settings)
     db = f"sqlite:///{workdir / 'inferd.db'}"
@@ -505,10 +518,9 @@ def start_inferd(procs: Processes, settings: Settings, workdir: Path) -> tuple[s
 
 
 def start_litellm(procs: Processes, settings: Settings, workdir: Path) -> tuple[str, str]:
-    exe = Path(settings.litellm_venv) / "bin" / "litellm"
+    exe = ROOT / settings.litellm_venv / "bin" / "litellm"
     if not exe.exists():
-        raise TargetFailed(f"{exe} not found: python3.11 -m venv {settings.litellm_venv} && "
-                           f"{settings.litellm_venv}/bin/pip install 'litellm[proxy]' opentelemetry-sdk")
+        raise TargetFailed(f"{exe} not found: pip install {' '.join(LITELLM_PACKAGES)} into {settings.litellm_venv}")
     upstream = start_upstream(procs, CLIENT_CPU, settings)
     key = "sk-bench-" + os.urandom(16).hex()
     env = os.environ | {
@@ -524,15 +536,18 @@ def start_litellm(procs: Processes, settings: Settings, workdir: Path) -> tuple[
     return f"http://127.0.0.1:{port}", key
 
 
-STARTERS = {"direct": start_direct, "inferd": start_inferd, "litellm": start_litellm}
+STARTERS = {"direct": start_direct, "litellm": start_litellm}
 
 
 def start_target(name: str, settings: Settings, workdir: Path) -> Target:
+    """name: direct, litellm or inferd@COMMIT (or inferd@worktree)."""
     logdir = workdir / name
     logdir.mkdir()
     t = Target(name, Processes(logdir, settings.nice))
+    kind, _, rev = name.partition("@")
+    args = (t.procs, settings, logdir)
     try:
-        t.base_url, t.key = STARTERS[name](t.procs, settings, logdir)
+        t.base_url, t.key = start_inferd(*args, rev) if kind == "inferd" else STARTERS[kind](*args)
         t.pgid = t.procs.procs[-1][1].pid  # each starter spawns its target last, in a session of its own
         print(f"  {name}: up at {t.base_url}", flush=True)
     except TargetFailed as e:
@@ -556,12 +571,12 @@ def machine() -> dict:
     return {"cpu": model, "cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
 
 
-def versions(settings: Settings, inferd_commit: str, inferd_dirty: bool) -> dict:
-    py = str(Path(settings.litellm_venv) / "bin" / "python")
+def versions(settings: Settings, inferd: dict) -> dict:
+    py = str(ROOT / settings.litellm_venv / "bin" / "python")
     litellm = command_output([py, "-c", "import importlib.metadata as m; print(m.version('litellm'), "
                                         "m.version('uvicorn'), m.version('fastapi'))"]).split()
     from importlib.metadata import version
-    return {"inferd_commit": inferd_commit, "inferd_tree_dirty": inferd_dirty,
+    return {"inferd": inferd,  # by target name: its commit, history length, uncommitted changes (worktree)
             "inferd_uvicorn": version("uvicorn"), "inferd_starlette": version("starlette"),
             "litellm": litellm[0] if litellm else None,
             "litellm_uvicorn": litellm[1] if len(litellm) > 1 else None,
@@ -580,16 +595,26 @@ def added(results: dict) -> None:
                              for m in ("nonstream_e2e_ms", "stream_ttfb_ms")}
 
 
-def ratios(results: dict) -> dict | None:
-    a, b = results.get("inferd", {}), results.get("litellm", {})
+def ratio(a: dict, b: dict) -> dict | None:
+    """a's figures over b's (None where b's is 0, or where either target failed or there is no direct)."""
     if a.get("status") != "ok" or b.get("status") != "ok" or "added_ms" not in a:
         return None
-    out = {f"added_{m}_{s}": a["added_ms"][m][s] / b["added_ms"][m][s]
+    div = lambda x, y: x / y if y else None  # noqa: E731
+    out = {f"added_{m}_{s}": div(a["added_ms"][m][s], b["added_ms"][m][s])
            for m in ("nonstream_e2e_ms", "stream_ttfb_ms") for s in ("p50", "p99")}
-    out["max_rps"] = a["throughput"]["max_rps"] / b["throughput"]["max_rps"]
-    out["target_cpu_ms_per_request"] = (a["throughput"]["target_cpu_ms_per_request"]
-                                        / b["throughput"]["target_cpu_ms_per_request"])
+    out["max_rps"] = div(a["throughput"]["max_rps"], b["throughput"]["max_rps"])
+    out["target_cpu_ms_per_request"] = div(a["throughput"]["target_cpu_ms_per_request"],
+                                           b["throughput"]["target_cpu_ms_per_request"])
     return out
+
+
+def ratios(results: dict, inferd: dict) -> dict:
+    """"A / B": each inferd target over litellm, then for each pair of inferd revisions the later over the earlier."""
+    pairs = [(name, "litellm") for name in inferd if "litellm" in results]
+    by_age = sorted(inferd, key=lambda name: inferd[name]["history"])
+    pairs += [(later, earlier) for i, earlier in enumerate(by_age) for later in by_age[i + 1:]]
+    out = {f"{a} / {b}": ratio(results[a], results[b]) for a, b in pairs}
+    return {k: v for k, v in out.items() if v}
 
 
 LITELLM_NOTE = """\
@@ -630,10 +655,10 @@ def fmt(v: float | None, digits: int = 2) -> str:
 
 def markdown(report: dict) -> str:
     s, res, v, m = report["settings"], report["targets"], report["versions"], report["machine"]
-    dirty = " (uncommitted changes in inferd/)" if v["inferd_tree_dirty"] else ""
-    exported = " (run from `git archive` of that commit)" if s.get("inferd_src", "").startswith("git") else ""
-    inferd = f"inferd {v['inferd_commit']}{exported}{dirty}; " if "inferd" in res else ""
-    missing = [name for name in ALL_TARGETS if name not in res]
+    inferd = "".join(f"{name} (the working tree at {r['commit']}{', uncommitted changes in inferd/' * r['dirty']}); "
+                     if name.endswith("@worktree") else f"{name} (run from `git archive` of that commit); "
+                     for name, r in v["inferd"].items())
+    missing = [kind for kind in ALL_TARGETS if not any(name.partition("@")[0] == kind for name in res)]
     lines = ["# Gateway overhead: inferd against the LiteLLM proxy", "",
              *([f"Not in this run: {', '.join(missing)}.", ""] if missing else []),
              f"Date {report['date']}; machine: {m['cpu']}, {m['cpus']} cores, Linux {m['kernel']}, "
@@ -682,25 +707,27 @@ def markdown(report: dict) -> str:
         lines += ["", f"Load generator check: against `direct` the same client reaches {ceiling:.0f} req/s, "
                   f"{ceiling / max(gateways):.0f}x the fastest gateway, so it does not limit the gateways' figures."]
     if rt := report["ratios"]:
-        lines += ["", "inferd ÷ LiteLLM (latency and CPU: below 1 means inferd is cheaper; req/s: above 1 means "
-                  "inferd serves more):", "",
-                  f"- added non-stream latency: p50 {rt['added_nonstream_e2e_ms_p50']:.2f}, "
-                  f"p99 {rt['added_nonstream_e2e_ms_p99']:.2f}",
-                  f"- added streaming TTFB: p50 {rt['added_stream_ttfb_ms_p50']:.2f}, "
-                  f"p99 {rt['added_stream_ttfb_ms_p99']:.2f}",
-                  f"- max requests/s on one core: {rt['max_rps']:.2f}",
-                  f"- gateway CPU per request: {rt['target_cpu_ms_per_request']:.2f}"]
+        lines += ["", "Ratios A ÷ B: each inferd target over LiteLLM, and for each pair of inferd revisions the later "
+                  "over the earlier (latency and CPU: below 1 means A is cheaper; req/s: above 1 means A serves "
+                  "more):", "",
+                  "| A ÷ B | added non-stream p50 | p99 | added stream TTFB p50 | p99 | max req/s on one core "
+                  "| gateway CPU ms/request |", "| --- |" + " ---: |" * 6]
+        keys = [f"added_{m}_{q}" for m in ("nonstream_e2e_ms", "stream_ttfb_ms") for q in ("p50", "p99")]
+        for pair, r in rt.items():
+            lines.append(f"| {pair.replace(' / ', ' ÷ ')} | "
+                         + " | ".join(fmt(r[k]) for k in [*keys, "max_rps", "target_cpu_ms_per_request"]) + " |")
     lines += ["", "## LiteLLM: key and TPM limit", "", LITELLM_NOTE, "", "## Reproduce", "",
-              "```sh", "python3.11 -m venv /work/litellm-venv && /work/litellm-venv/bin/pip install "
+              "```sh", "# creates benchmarks/.venvs/litellm on first use: python3.11 -m venv, pip install "
               "'litellm[proxy]' opentelemetry-sdk", "PYTHONPATH=. " + report["command"], "```", ""]
     return "\n".join(lines)
 
 
 # ---- main
 
-def parse_args() -> tuple[Settings, Path]:
+def parse_args() -> tuple[Settings, dict, Path]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--targets", default=",".join(ALL_TARGETS), help="comma-separated, of direct,inferd,litellm")
+    ap.add_argument("--targets", default=",".join(ALL_TARGETS),
+                    help="comma-separated, of direct, inferd, inferd@REV (any number of them), litellm")
     ap.add_argument("--latency-requests", type=int, default=500)
     ap.add_argument("--warmup-requests", type=int, default=200)
     ap.add_argument("--concurrencies", default="1,4,16,64")
@@ -711,23 +738,38 @@ def parse_args() -> tuple[Settings, Path]:
                     help="niceness of this process and every target, and of their session groups where the kernel's "
                          "autogroup scheduling is on (negative, as root: other jobs on the machine disturb less)")
     ap.add_argument("--inferd-rev", default="HEAD",
-                    help="the commit of inferd to measure, exported to a temporary directory (default HEAD); "
-                         "'worktree': the working tree as it is, uncommitted changes included")
+                    help="the commit a bare `inferd` target measures (default HEAD), exported to a temporary "
+                         "directory; 'worktree': the working tree as it is, uncommitted changes included")
     ap.add_argument("--client", choices=("raw", "httpx"), default="raw")
-    ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/work/litellm-venv"))
+    ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", LITELLM_VENV),
+                    help="relative to the repository root or absolute; created on first use (default %(default)s)")
     ap.add_argument("--out", default="benchmarks/results/gateway", help="writes OUT.json and OUT.md")
     a = ap.parse_args()
-    targets = [t for t in a.targets.split(",") if t]
-    if unknown := set(targets) - set(ALL_TARGETS):
-        ap.error(f"unknown targets {sorted(unknown)}")
+    targets, inferd = [], {}
+    for t in filter(None, a.targets.split(",")):
+        kind, at, rev = t.partition("@")
+        if kind not in ALL_TARGETS or (at and kind != "inferd"):
+            ap.error(f"unknown target {t!r}")
+        if kind == "inferd":
+            rev = rev or a.inferd_rev
+            if (r := inferd_revision(rev)) is None:
+                ap.error(f"{t}: {rev} is not a commit of this repository")
+            t = f"inferd@{'worktree' if rev == 'worktree' else r['commit']}"
+            inferd[t] = r
+        if t in targets:
+            ap.error(f"target {t} given twice")
+        targets.append(t)
     return Settings(targets=targets, latency_requests=a.latency_requests, warmup_requests=a.warmup_requests,
                     concurrencies=[int(c) for c in a.concurrencies.split(",")], duration_s=a.duration_s,
                     repeats=a.repeats, tpm_limit=a.tpm_limit, client=a.client, nice=a.nice, inferd_rev=a.inferd_rev,
-                    litellm_venv=a.litellm_venv), Path(a.out)
+                    litellm_venv=a.litellm_venv), inferd, Path(a.out)
 
 
 def main() -> None:
-    settings, out = parse_args()
+    settings, inferd, out = parse_args()
+    if "litellm" in settings.targets:
+        from benchmarks.venvs import ensure_venv
+        ensure_venv(ROOT / settings.litellm_venv, LITELLM_PACKAGES, " (a few minutes, once)")
     if settings.nice and os.getsid(0) != os.getpid():  # a session of our own, so its group's niceness is ours alone
         os.execvp("setsid", ["setsid", "--wait", sys.executable, *sys.argv])
     if len(os.sched_getaffinity(0) | {TARGET_CPU, CLIENT_CPU}) != len(os.sched_getaffinity(0)):
@@ -737,12 +779,8 @@ def main() -> None:
         set_priority(os.getpid(), settings.nice)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through the finally that stops the targets
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
-        rev = settings.inferd_rev if "inferd" in settings.targets else "worktree"
-        src, commit, dirty = inferd_source(rev, Path(tmp))
-        settings.inferd_src = str(src)
         report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-                  "versions": versions(settings, commit, dirty),
-                  "settings": asdict(settings) | {"inferd_src": "worktree" if src == ROOT else f"git archive {commit}"},
+                  "versions": versions(settings, inferd), "settings": asdict(settings),
                   "command": " ".join([".venv/bin/python", *sys.argv]), "targets": {}}
         report["loadavg_before"] = os.getloadavg()
         targets = [start_target(name, settings, Path(tmp)) for name in settings.targets]
@@ -754,7 +792,7 @@ def main() -> None:
     report["targets"] = {t.name: summarize(t) for t in targets}
     report["loadavg_after"] = os.getloadavg()
     added(report["targets"])
-    report["ratios"] = ratios(report["targets"])
+    report["ratios"] = ratios(report["targets"], inferd)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(report))

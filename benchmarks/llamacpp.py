@@ -9,8 +9,10 @@ one llama_batch per step holding one token of each of the B sequences (seq ids 0
 greedy = argmax over the returned logits; prefill = llama_decode of the whole prompt, logits for the last
 token. It computes on the GGUF's own Q4_1 weights (no dequantization), KV cache f16, the same threads as inferd (--threads).
 
-    python3.11 -m venv /work/llama-venv && /work/llama-venv/bin/pip install llama-cpp-python==0.3.36  # builds llama.cpp
     PYTHONPATH=. .venv/bin/python benchmarks/llamacpp.py --threads 1 --out benchmarks/results/llamacpp-1t.json  # ~20 min
+
+On first use it creates benchmarks/.venvs/llama (python3.11 -m venv, then pip install
+llama-cpp-python==0.3.36, which builds llama.cpp: 11-45 minutes); --llama-python names another python.
 """
 import argparse
 import json
@@ -19,8 +21,10 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 PROMPT_LEN, NEW_TOKENS, PREFILL_LEN = 128, 128, 1024
+LLAMA_VENV, LLAMA_PACKAGES = "benchmarks/.venvs/llama", ["llama-cpp-python==0.3.36"]  # venv relative to the repo root
 
 
 def median_of(fn, repeats: int) -> dict:
@@ -134,7 +138,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="threads of both engines (default: torch's, all cores)")
-    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python", help="python with llama-cpp-python")
+    ap.add_argument("--llama-python", default=None,
+                    help=f"python with llama-cpp-python (default: {LLAMA_VENV}/bin/python, created if absent)")
     ap.add_argument("--llama-extra-bufts", action="store_true",
                     help="let llama.cpp repack weights into its extra buffer types (off by default)")
     ap.add_argument("--skip-inferd", action="store_true")
@@ -149,8 +154,11 @@ def main() -> None:
     import torch
 
     from benchmarks.engine import _cpu_name, random_prompts
+    from benchmarks.venvs import ensure_venv
     from inferd.models.loader import default_model_path, load_model
 
+    llama_python = args.llama_python or ensure_venv(Path(__file__).resolve().parents[1] / LLAMA_VENV, LLAMA_PACKAGES,
+                                                    " (it builds llama.cpp from source: 11-45 minutes, once)")
     batches = [int(b) for b in args.batches.split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -165,7 +173,7 @@ def main() -> None:
             "extra_bufts": args.llama_extra_bufts, "batches": batches,
             "prompts": random_prompts(max(batches), PROMPT_LEN, vocab),
             "prefill_ids": random_prompts(1, PREFILL_LEN, vocab, seed=1)[0]}
-    proc = subprocess.run([args.llama_python, os.path.abspath(__file__), "--worker"], input=json.dumps(spec),
+    proc = subprocess.run([str(llama_python), os.path.abspath(__file__), "--worker"], input=json.dumps(spec),
                           capture_output=True, text=True, check=False)
     if proc.returncode:
         sys.exit(f"llama.cpp worker failed:\n{proc.stderr[-3000:]}")
