@@ -357,6 +357,8 @@ class RequestPath:
             x.span.set_status(trace.StatusCode.ERROR)
         elif records:
             _span_outcome(x.span, records[-1])
+            if (first_ns := x.attempts[-1].outcome.first_token_unix_ns) is not None:
+                x.span.add_event("first_token", timestamp=first_ns)
         if records:
             _access_line(records[-1], len(x.attempts))
         x.span.end()

@@ -33,6 +33,7 @@ class Outcome:
     cached_tokens: int = 0
     completion_tokens: int = 0
     ttft_s: float | None = None
+    first_token_unix_ns: int | None = None  # for the span's first_token event
     retry_reason: str | None = None  # nothing reached the client: a fallback deployment may take it
     unreachable: bool = False  # no connection: another replica of the same deployment may take it
     error: APIError | None = None  # what the client is told if no other attempt follows
@@ -53,6 +54,7 @@ class Outcome:
     def first_token(self, arrival_s: float) -> None:
         if self.ttft_s is None:
             self.ttft_s = time.monotonic() - arrival_s
+            self.first_token_unix_ns = time.time_ns()
 
     @property
     def billed(self) -> bool:

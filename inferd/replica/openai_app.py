@@ -27,7 +27,7 @@ from inferd.replica.errors import replica_error
 from inferd.replica.responses import (ChoiceResult, ResponseMeta, chat_chunk, chat_logprobs, chat_response,
                                       completion_chunk, completion_logprobs, completion_response, sampling_params,
                                       usage_chunk)
-from inferd.telemetry.metrics import ServerMetrics
+from inferd.replica.metrics import ServerMetrics
 
 
 # what the API needs from a model runtime (the replica wires the engine in)

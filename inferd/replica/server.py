@@ -16,7 +16,7 @@ from inferd.engine.async_engine import AsyncEngine
 from inferd.engine.request import RequestOutput, SamplingParams
 from inferd.models.config import LoadedModel
 from inferd.replica.openai_app import APIConfig, ModelInfo, create_app
-from inferd.telemetry.metrics import ServerMetrics, metrics_route
+from inferd.replica.metrics import ServerMetrics, metrics_route
 
 log = logging.getLogger(__name__)
 

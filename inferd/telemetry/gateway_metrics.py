@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from inferd.telemetry.metrics import LATENCY_BUCKETS_S
+from inferd.telemetry import LATENCY_BUCKETS_S
 
 OTHER = "other"
 

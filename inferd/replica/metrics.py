@@ -1,3 +1,4 @@
+"""A replica's Prometheus metrics: the engine's state at scrape time, and per-sequence latencies."""
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -11,9 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from inferd.engine.request import RequestOutput
-
-LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
-                     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
+from inferd.telemetry import LATENCY_BUCKETS_S
 
 
 class EngineStatsLike(Protocol):

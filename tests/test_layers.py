@@ -1,0 +1,93 @@
+"""The layer rules of docs/architecture.md, checked on the import graph of inferd/ (every import, also
+those inside functions)."""
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "inferd"
+
+# folder -> the folders it may import besides itself; the command line (inferd/cli.py) may import any
+ALLOWED = {
+    "protocol": set(),
+    "models": set(),
+    "router": set(),
+    "telemetry": set(),
+    "engine": {"models"},
+    "gateway": {"protocol", "router", "telemetry"},
+    "replica": {"protocol", "engine", "models", "telemetry"},
+    "control": {"protocol", "gateway", "replica", "router", "models", "engine", "telemetry"},
+    "bench": {"models"},  # prompts of a given length in the model's tokens
+}
+DATA_PATH = ("gateway", "router", "protocol")  # what a request passes through before a replica
+NEVER_FROM_DATA_PATH = ("control", "engine", "models", "replica", "cli")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return "cli" if parts[1] in ("cli", "__main__") else parts[1]
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in ROOT.rglob("*.py"):
+        if "migrations" in path.parts or path.parent == ROOT and path.name == "__init__.py":
+            continue
+        module = _module(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            graph[module] |= {n for n in names if n.startswith("inferd.") and _exists(n)}
+        graph[module].discard(module)
+    return graph
+
+
+def _exists(module: str) -> bool:
+    path = ROOT.parent / module.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def test_every_import_keeps_to_its_layer():
+    bad = [f"{m} imports {t}" for m, targets in import_graph().items() for t in targets if _folder(m) != "cli"
+           and _folder(t) != _folder(m) and _folder(t) not in ALLOWED[_folder(m)]]
+    assert not bad, "imports across layers that the rules forbid:\n" + "\n".join(sorted(bad))
+
+
+def test_the_data_path_never_reaches_the_engine_or_the_control_plane():
+    graph = import_graph()
+    for start in (m for m in graph if _folder(m) in DATA_PATH):
+        seen, todo = set(), [start]
+        while todo:
+            for t in graph.get(todo.pop(), ()):
+                if t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+        reached = sorted(t for t in seen if _folder(t) in NEVER_FROM_DATA_PATH)
+        assert not reached, f"{start} reaches {reached}"
+
+
+def test_no_cycles_between_folders():
+    edges = defaultdict(set)
+    for m, targets in import_graph().items():
+        edges[_folder(m)] |= {_folder(t) for t in targets} - {_folder(m)}
+    state: dict[str, int] = {}
+
+    def visit(folder: str, path: list[str]) -> None:
+        state[folder] = 1
+        for nxt in edges[folder]:
+            assert state.get(nxt) != 1, f"import cycle between folders: {' -> '.join(path + [folder, nxt])}"
+            if nxt not in state:
+                visit(nxt, path + [folder])
+        state[folder] = 2
+
+    for folder in list(edges):
+        if folder not in state:
+            visit(folder, [])
