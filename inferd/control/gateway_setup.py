@@ -32,7 +32,7 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
                             "max_queued_tokens": queue.max_queued_tokens} | overrides))
     config = GatewayConfig(host=args.host, port=args.port, db_url=args.db, redis_url=args.redis_url,
                            admin_key=args.admin_key, prices=settings.get("prices", {}), queue=queue,
-                           otlp_endpoint=args.otlp_endpoint, log_format=args.log_format,
+                           otlp_endpoint=args.otlp_endpoint,
                            router=RouterConfig(args.router, args.router_affinity_weight, args.router_load_weight))
     if args.spill_path:
         config.spill_path = Path(args.spill_path)

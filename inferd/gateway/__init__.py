@@ -1,1 +1,1 @@
-"""The provider gateway: who may run what, when, and what it costs (see ../shared/DESIGN.md)."""
+"""The provider gateway: who may run what, when, and what it costs (docs/architecture.md)."""

@@ -40,7 +40,6 @@ class GatewayConfig:
     max_body_bytes: int = 16 * 2**20
     tenant_label_limit: int = 100  # tenants named in metrics; the rest are counted as "other"
     otlp_endpoint: str | None = None
-    log_format: str = "json"
 
     def price(self, model: str) -> ModelPrice:
         return self.prices.get(model) or self.prices.get("*") or ModelPrice()

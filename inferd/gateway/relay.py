@@ -19,6 +19,7 @@ from inferd.protocol.headers import UsageStatus
 from inferd.protocol.sse import SSE_DONE, sse_event
 
 PASSED_HEADERS = ("content-type",)
+TIMEOUTS = {"connect": 5.0, "read": None, "write": None, "pool": None}  # an answer may take as long as it takes
 DONE = b"data: [DONE]"
 ERROR_EVENT = b'data: {"error"'
 
@@ -66,7 +67,7 @@ async def send(transport: httpx.AsyncBaseTransport, url: httpx.URL, request_head
     """The upstream's response head, or None with the outcome failed (unreachable: retryable)."""
     try:
         return await transport.handle_async_request(
-            httpx.Request("POST", url, headers=request_headers, content=body))
+            httpx.Request("POST", url, headers=request_headers, content=body, extensions={"timeout": TIMEOUTS}))
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         outcome.fail(UpstreamFailed(f"No replica could be reached ({type(exc).__name__}); retry the request."),
                      retry_reason=UpstreamFailed.code)

@@ -29,6 +29,7 @@ class _Connection(asyncio.Protocol):
         self._chunks: deque[bytes] = deque()
         self._readable = asyncio.Event()
         self._complete = False
+        self._keep_alive = False
         self._error: Exception | None = None
         self._paused = False
 
@@ -70,6 +71,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._complete = True
+        self._keep_alive = self._parser.should_keep_alive()  # read now: the parser resets after this call
         self._readable.set()
 
     # used by the transport
@@ -78,9 +80,9 @@ class _Connection(asyncio.Protocol):
         self.busy = True
         self._parser = httptools.HttpResponseParser(self)
         self._head = asyncio.get_running_loop().create_future()
-        self._headers, self._complete, self._error = [], False, None
+        self._headers, self._complete, self._keep_alive, self._error = [], False, False, None
         self.transport.write(data)
-        status = await asyncio.wait_for(asyncio.shield(self._head), timeout_s)
+        status = await asyncio.wait_for(self._head, timeout_s)
         return status, self._headers
 
     async def chunks(self, timeout_s: float | None):
@@ -99,7 +101,7 @@ class _Connection(asyncio.Protocol):
             await asyncio.wait_for(self._readable.wait(), timeout_s)
 
     def reusable(self) -> bool:
-        return self._complete and not self.closed and self._parser.should_keep_alive()
+        return self._complete and self._keep_alive and not self.closed
 
     def release(self) -> None:
         self.busy, self._parser = False, None
@@ -131,7 +133,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     def __init__(self, connect_timeout_s: float = 5.0):
         self.connect_timeout_s = connect_timeout_s
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
-        self._tls = httpx.AsyncHTTPTransport()
+        self._tls = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url

@@ -1,0 +1,143 @@
+"""The gateway's upstream transport against a real loopback server: framing, keep-alive, closed idle
+connections, errors and timeouts."""
+import asyncio
+
+import httpx
+import pytest
+
+from inferd.gateway.transport import UpstreamTransport
+from tests.server import free_port
+
+
+class Server:
+    """HTTP/1.1 on loopback that answers each request as `reply` says and counts connections."""
+
+    def __init__(self, reply):
+        self.reply, self.connections, self.requests = reply, 0, []
+
+    async def __aenter__(self) -> str:
+        port = free_port()
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length")), 0)
+                body = await reader.readexactly(length)
+                self.requests.append((head, body))
+                if await self.reply(writer, len(self.requests)) == "close":
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            writer.close()
+
+
+async def fixed(writer, n):
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"n\": \"ok\"}")
+    await writer.drain()
+
+
+async def chunked(writer, n):
+    writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    for part in (b"data: 1\n\n", b"data: 2\n\n"):
+        writer.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.01)
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+async def send(transport: UpstreamTransport, url: str, body: bytes = b'{"a": 1}', **timeout) -> httpx.Response:
+    request = httpx.Request("POST", url + "/v1/x", content=body, headers={"content-type": "application/json"},
+                            extensions={"timeout": timeout} if timeout else {})
+    return await transport.handle_async_request(request)
+
+
+def test_keep_alive_reuses_one_connection_and_sends_the_body():
+    async def main():
+        server = Server(fixed)
+        async with server as url:
+            transport = UpstreamTransport()
+            for _ in range(3):
+                r = await send(transport, url)
+                assert r.status_code == 200 and await r.aread() == b'{"n": "ok"}'
+                assert r.headers["content-type"] == "application/json"
+            await transport.aclose()
+        assert server.connections == 1 and len(server.requests) == 3
+        head, body = server.requests[0]
+        assert head.startswith(b"POST /v1/x HTTP/1.1\r\n") and body == b'{"a": 1}'
+    asyncio.run(main())
+
+
+def test_a_chunked_stream_arrives_in_pieces():
+    async def main():
+        async with Server(chunked) as url:
+            transport = UpstreamTransport()
+            r = await send(transport, url)
+            assert [c async for c in r.aiter_raw()] == [b"data: 1\n\n", b"data: 2\n\n"]
+            await r.aclose()
+            await transport.aclose()
+    asyncio.run(main())
+
+
+def test_a_connection_the_server_closed_is_not_reused():
+    async def close_after(writer, n):
+        await fixed(writer, n)
+        return "close"
+
+    async def main():
+        server = Server(close_after)
+        async with server as url:
+            transport = UpstreamTransport()
+            for _ in range(2):
+                r = await send(transport, url)
+                await r.aread()
+                await asyncio.sleep(0.05)  # the server's FIN arrives
+            await transport.aclose()
+        assert server.connections == 2
+    asyncio.run(main())
+
+
+def test_a_stream_left_unread_closes_its_connection():
+    async def main():
+        server = Server(chunked)
+        async with server as url:
+            transport = UpstreamTransport()
+            r = await send(transport, url)
+            await r.aclose()  # the client went away before the end
+            r = await send(transport, url)
+            assert len([c async for c in r.aiter_raw()]) == 2
+            await transport.aclose()
+        assert server.connections == 2
+    asyncio.run(main())
+
+
+def test_errors_are_httpx_errors():
+    async def hang(writer, n):
+        await asyncio.sleep(5)
+
+    async def cut(writer, n):
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+        await writer.drain()
+        return "close"
+
+    async def main():
+        transport = UpstreamTransport()
+        with pytest.raises(httpx.ConnectError):
+            await send(transport, f"http://127.0.0.1:{free_port()}")
+        async with Server(hang) as url:
+            with pytest.raises(httpx.ReadTimeout):
+                await send(transport, url, read=0.2)
+        async with Server(cut) as url:
+            r = await send(transport, url)
+            with pytest.raises(httpx.RemoteProtocolError):
+                await r.aread()
+        await transport.aclose()
+    asyncio.run(main())
