@@ -13,7 +13,7 @@ from inferd.control.pool import DRAINING, READY, ReplicaPool
 from inferd.control.replicas import free_port
 from inferd.control.spec import AutoscalingSpec
 from inferd.gateway.admission import AdmissionQueue, QueueConfig, Ticket
-from inferd.gateway.deployments import Deployment
+from inferd.gateway.deployments import Deployment, TextModel
 from inferd.router.router import Router, RouterConfig
 
 
@@ -69,7 +69,7 @@ async def until(check, timeout_s: float = 10.0) -> None:
 
 
 def pool_of(target: int, made: list, autoscaling: AutoscalingSpec | None = None) -> ReplicaPool:
-    deployment = Deployment("m", None, 100, [], AdmissionQueue(QueueConfig(1)),
+    deployment = Deployment("m", TextModel(None, 100), [], AdmissionQueue(QueueConfig(1)),
                             router=Router(RouterConfig(policy="least_loaded")))
 
     def make() -> HttpReplica:
@@ -89,7 +89,7 @@ def test_join_drain_replace_and_close():
         assert pool.counts()["starting"] == 2 and d.upstreams == []  # not routed before ready
         await until(lambda: pool.counts()[READY] == 2)
         assert d.queue.max_inflight == 4 and len(d.upstreams) == 2
-        assert d.max_model_len == 321 and d.card["source_path"] == "/x"
+        assert d.model.max_model_len == d.card["max_model_len"] == 321 and d.card["source_path"] == "/x"
         await until(lambda: pool.cold_start.measured == 2)
         last = pool.cold_start.last
         assert 0.2 < last["weights_loaded"] < last["warm"] < last["ready"] < 5 and pool.cold_start.estimate_s < 5

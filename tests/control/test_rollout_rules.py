@@ -16,7 +16,7 @@ from inferd.control.rollout import (
 )
 from inferd.control.spec import RolloutSpec
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
-from inferd.gateway.deployments import Deployment, Deployments, Upstream
+from inferd.gateway.deployments import Deployment, Deployments, TextModel, Upstream
 from inferd.gateway.usage import UsageRecord
 
 POLICY = RolloutSpec(weight=0.25, window_s=60, min_requests=4)
@@ -93,7 +93,7 @@ def test_read_probes_names_the_bad_line(tmp_path):
 # routing and the controller's state changes (on an event loop, as in the gateway; no pools: nothing to stop)
 
 def deployment(version: str) -> Deployment:
-    return Deployment(name="smol", tokenizer=None, max_model_len=128, version=version,
+    return Deployment(name="smol", model=TextModel(None, 128), version=version,
                       upstreams=[Upstream(f"http://127.0.0.1:1/{version}")], queue=AdmissionQueue(QueueConfig()))
 
 
