@@ -81,7 +81,7 @@ class Deployment:
 @dataclass(slots=True)
 class Deployments:
     by_name: dict[str, Deployment] = field(default_factory=dict)  # the stable version of each name
-    default: str | None = None
+    defaults: dict[str, str] = field(default_factory=dict)  # kind -> the name a request without a model gets
     canaries: dict[str, Deployment] = field(default_factory=dict)  # a second version beside by_name[name]
     weights: dict[str, float] = field(default_factory=dict)  # share of a name's requests its canary takes
     credit: dict[str, float] = field(default_factory=dict)  # the canary's share owed so far (exact, not random)
@@ -91,10 +91,10 @@ class Deployments:
             self.canaries[deployment.name] = deployment
             return
         self.by_name[deployment.name] = deployment
-        self.default = self.default or deployment.name
+        self.defaults.setdefault(deployment.model.kind, deployment.name)
 
-    def get(self, name: str | None) -> Deployment | None:
-        return self.by_name.get(name or self.default or "")
+    def get(self, name: str) -> Deployment | None:
+        return self.by_name.get(name)
 
     def every(self) -> list[Deployment]:
         """Every deployment, canaries included."""
@@ -106,9 +106,10 @@ class Deployments:
             return not x.upstreams or any(u.healthy for u in x.upstreams)
         return up(d) or any(up(f) for f in map(self.by_name.get, d.fallbacks) if f is not None)
 
-    def route(self, name: str | None) -> Deployment | None:
-        """The version that serves one request for `name`: every 1/weight-th goes to its canary, the rest stable."""
-        stable = self.get(name)
+    def route(self, name: str | None, kind: str = "text") -> Deployment | None:
+        """The version that serves one request for `name` (None: the kind's first deployment): every
+        1/weight-th goes to its canary, the rest to the stable one."""
+        stable = self.get(name or self.defaults.get(kind, ""))
         weight = self.weights.get(stable.name, 0.0) if stable is not None else 0.0
         if weight <= 0:
             return stable

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,19 +24,20 @@ from opentelemetry.propagate import inject
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inferd.gateway import relay, text
+from inferd.gateway import relay
 from inferd.gateway.admission import QueueRejected, Ticket
 from inferd.gateway.auth import KeyCache
 from inferd.gateway.charges import Charges, Plan, actual_amounts, queue_rejected, rate_limited
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.degrade import degrade
+from inferd.gateway.kinds import Operation
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.limits import Limiter, RateLimited, Reservation, ratelimit_headers, retry_after_header
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.usage import UsageRecord
 from inferd.protocol import headers
-from inferd.protocol.errors import (APIError, DeadlineExceeded, DeadlineUnmeetable, ModelNotFound, Overloaded,
-                                    PermissionDenied, UpstreamFailed, to_api_error)
+from inferd.protocol.errors import (APIError, DeadlineExceeded, DeadlineUnmeetable, InvalidRequest, ModelNotFound,
+                                    Overloaded, PermissionDenied, to_api_error)
 from inferd.protocol.http import cancelled_on_disconnect, read_json
 from inferd.protocol.sse import SSEResponse
 from inferd.telemetry.gateway_metrics import GatewayMetrics
@@ -131,9 +133,10 @@ class RequestPath:
         self.record = record
         self.metrics = metrics
         self.tracer = tracer
+        self.traced = not isinstance(tracer, trace.NoOpTracer)  # without an exporter, no span work at all
         self._urls: dict[tuple[str, str], httpx.URL] = {}
 
-    async def serve(self, request: Request, op: text.Operation) -> Response:
+    async def serve(self, request: Request, op: Operation) -> Response:
         life = self._life(request, op)
         head = await anext(life)
         if head.content is None:
@@ -141,7 +144,7 @@ class RequestPath:
         await life.aclose()
         return Response(head.content, status_code=head.status, headers=head.headers)
 
-    async def _life(self, request: Request, op: text.Operation) -> AsyncGenerator[Head | bytes, None]:
+    async def _life(self, request: Request, op: Operation) -> AsyncGenerator[Head | bytes, None]:
         state = request.state
         x = Exchange(state.request_id, op.name, state.arrival_s, self.tracer.start_span(
             op.name, kind=trace.SpanKind.SERVER, attributes={
@@ -152,10 +155,10 @@ class RequestPath:
                 x.key = await self.keys.authenticate(request.headers.get("authorization"))
             raw = await read_json(request, self.config.max_body_bytes)
             body = op.body_type.model_validate(raw)
-            asked = self._deployment(x.key, body.model)
+            asked = self._deployment(x.key, body.model, op)
             x.priority_class = priority_class(x.key, request)
             x.deadline_s = deadline_s(x.key, request, x.arrival_s)
-            deployment, plan = self._plan(x, asked, body, raw)
+            deployment, plan = self._plan(x, op, asked, body, raw)
             x.span.update_name(f"{op.name} {deployment.name}")
             x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
             async with cancelled_on_disconnect(request):
@@ -184,19 +187,22 @@ class RequestPath:
 
     # planning
 
-    def _deployment(self, key: KeyPolicy, model: str | None) -> Deployment:
-        deployment = self.deployments.route(model)  # a name with a canary: its share goes there
+    def _deployment(self, key: KeyPolicy, model: str | None, op: Operation) -> Deployment:
+        deployment = self.deployments.route(model, op.kind)  # a name with a canary: its share goes there
         if deployment is None:
             raise ModelNotFound(f"The model '{model}' does not exist.", param="model")
+        if deployment.model.kind != op.kind:
+            raise InvalidRequest(f"The model '{deployment.name}' is a {deployment.model.kind} model; "
+                                 f"{op.path} needs a {op.kind} model.", param="model", code="wrong_model_kind")
         if not key.may_use(deployment.name):
             raise PermissionDenied(f"Your key may not use the model '{deployment.name}'.", param="model",
                                    code="model_not_allowed")
         return deployment
 
-    def _plan(self, x: Exchange, d: Deployment, body, raw: dict) -> tuple[Deployment, Plan]:
+    def _plan(self, x: Exchange, op: Operation, d: Deployment, body, raw: dict) -> tuple[Deployment, Plan]:
         """The plan on its deployment, after the deployment's degradation ladder (if it is overloaded)."""
         price = self.config.price
-        plan = text.plan(d, x.key, body, raw, price(d.name))
+        plan = op.plan(d, x.key, body, raw, price(d.name))
         if d.degrader is None:
             return d, plan
         oldest = max((s.oldest_age_s for s in d.queue.stats().values()), default=0.0)
@@ -217,14 +223,14 @@ class RequestPath:
             raise err
         if degraded.route_to:
             d = self.deployments.get(degraded.route_to)
-            plan = text.plan(d, x.key, body, raw, price(d.name))
-        if degraded.max_tokens is not None and degraded.max_tokens < plan.max_output_tokens:
-            plan = text.cap_output(plan, degraded.max_tokens, price(d.name))
+            plan = op.plan(d, x.key, body, raw, price(d.name))
+        if op.cap_output and degraded.max_tokens is not None and degraded.max_tokens < plan.max_output_tokens:
+            plan = op.cap_output(plan, degraded.max_tokens, price(d.name))
         return d, plan
 
     # attempts
 
-    async def _attempts(self, x: Exchange, op: text.Operation, d: Deployment, plan: Plan, body, raw: dict
+    async def _attempts(self, x: Exchange, op: Operation, d: Deployment, plan: Plan, body, raw: dict
                         ) -> tuple[Attempt, httpx.Response, tuple[bytes, dict] | None]:
         """The attempt that answers: its response head and, unless a 200 stream follows, its whole body.
         A deployment that fails the request before any output hands it to its next fallback, once each."""
@@ -245,9 +251,9 @@ class RequestPath:
                         outcome.retry_reason, nxt.name)
             self.metrics.fallback(d.name, nxt.name, outcome.retry_reason)
             x.headers[headers.FALLBACK] = f"{primary}->{nxt.name}"
-            d, plan = nxt, text.plan(nxt, x.key, body, raw, self.config.price(nxt.name))
+            d, plan = nxt, op.plan(nxt, x.key, body, raw, self.config.price(nxt.name))
 
-    async def _on_deployment(self, x: Exchange, op: text.Operation, d: Deployment, plan: Plan
+    async def _on_deployment(self, x: Exchange, op: Operation, d: Deployment, plan: Plan
                              ) -> tuple[Attempt, httpx.Response | None]:
         """Admission on d, then its replicas: an unreachable one is followed by one other, if healthy."""
         shared = Admission(d)
@@ -292,7 +298,7 @@ class RequestPath:
         self.metrics.rejected(err.code or status)
         return False
 
-    async def _send(self, x: Exchange, op: text.Operation, attempt: Attempt,
+    async def _send(self, x: Exchange, op: Operation, attempt: Attempt,
                     tried: list[Upstream]) -> httpx.Response | None:
         d, plan = attempt.deployment, attempt.plan
         attempt.upstream = upstream = d.pick(plan.prompt_ids, x.key.tenant.id, exclude=tried)
@@ -300,7 +306,8 @@ class RequestPath:
         upstream.enter(plan.reserved_tokens)
         attempt.span = self.tracer.start_span("replica call", context=trace.set_span_in_context(x.span),
                                               kind=trace.SpanKind.CLIENT,
-                                              attributes={"server.address": upstream.name})
+                                              attributes={"server.address": upstream.name}) if self.traced \
+            else trace.INVALID_SPAN
         response = await relay.send(self.transport, self._url(upstream, op.path), self._upstream_headers(x, attempt),
                                     _json_bytes(plan.body), attempt.outcome)
         if response is None:
@@ -321,7 +328,8 @@ class RequestPath:
                 out[headers.DEADLINE_MS] = str(ms)
             if attempt.plan.stream:
                 out[headers.USAGE_EVENTS] = "1"
-        inject(out, context=trace.set_span_in_context(attempt.span))
+        if self.traced:
+            inject(out, context=trace.set_span_in_context(attempt.span))
         return out
 
     def _url(self, upstream: Upstream, path: str) -> httpx.URL:
@@ -392,6 +400,8 @@ class RequestPath:
             tenant_id=x.key.tenant.id, key_id=x.key.id, error_code=err.code if err else "client_closed_request")
 
     def _child(self, name: str, x: Exchange):
+        if not self.traced:
+            return nullcontext(trace.INVALID_SPAN)
         return self.tracer.start_as_current_span(name, context=trace.set_span_in_context(x.span))
 
 

@@ -1,23 +1,11 @@
 """The text kind at the gateway: chat and completion bodies, counted in the model's own tokens and bounded."""
-from dataclasses import dataclass
-
 from inferd.gateway.charges import Plan, check_request_limits
 from inferd.gateway.config import ModelPrice
 from inferd.gateway.deployments import Deployment
+from inferd.gateway.kinds import Operation
 from inferd.gateway.policy import KeyPolicy
 from inferd.protocol.errors import InvalidRequest
 from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest, SamplingRequest
-
-
-@dataclass(slots=True, frozen=True)
-class Operation:
-    name: str  # gen_ai.operation.name: chat | text_completion
-    path: str
-    body_type: type[SamplingRequest]
-
-
-OPERATIONS = (Operation("chat", "/v1/chat/completions", ChatCompletionRequest),
-              Operation("text_completion", "/v1/completions", CompletionRequest))
 
 
 def plan(d: Deployment, key: KeyPolicy, body: SamplingRequest, raw: dict, price: ModelPrice) -> Plan:
@@ -57,3 +45,7 @@ def cap_output(p: Plan, cap: int, price: ModelPrice) -> Plan:
     body.pop("max_completion_tokens", None)
     cost = price.cost_usd(p.prompt_tokens, 0, cap * p.num_outputs)
     return Plan(p.prompt_tokens, cap, p.num_outputs, cost, body, p.stream, p.usage_mode, p.prompt_ids)
+
+
+OPERATIONS = (Operation("chat", "/v1/chat/completions", ChatCompletionRequest, "text", plan, cap_output),
+              Operation("text_completion", "/v1/completions", CompletionRequest, "text", plan, cap_output))

@@ -129,14 +129,10 @@ class UsageWriter:
         return batch
 
     async def _flush(self, batch: list[UsageRecord]) -> None:
-        rows = [asdict(r) for r in batch]
-        if not rows:
+        if not batch:
             return
-        try:
-            await asyncio.to_thread(self.store.insert_usage, rows)
-        except Exception as exc:
-            log.error("usage store unavailable (%s); spilling %d records to %s", type(exc).__name__, len(rows),
-                      self.spill_path)
+        rows = await asyncio.to_thread(_insert, self.store, batch)  # rows are made off the event loop too
+        if rows is not None:
             self._spill(rows)
 
     # the spill file
@@ -166,3 +162,14 @@ class UsageWriter:
         replaying.unlink()
         self.counters.replayed += len(rows)
         log.info("replayed %d spilled usage records", len(rows))
+
+
+def _insert(store: Store, batch: list[UsageRecord]) -> list[dict] | None:
+    """Insert the records; the rows back (to spill) if the store failed."""
+    rows = [asdict(r) for r in batch]
+    try:
+        store.insert_usage(rows)
+    except Exception as exc:
+        log.error("usage store unavailable (%s); spilling %d records", type(exc).__name__, len(rows))
+        return rows
+    return None

@@ -46,13 +46,20 @@ class GatewayMetrics:
                                     "the deployment asked for and the action.", ["model", "action"], registry=r)
         self.fallbacks = Counter("inferd_gateway_fallbacks_total", "Requests a deployment failed and handed to "
                                  "a fallback deployment.", ["model", "fallback", "reason"], registry=r)
+        self._children: dict[tuple, object] = {}  # (metric, label values) -> its child: .labels() costs µs
+
+    def _child(self, metric, *values: str):
+        child = self._children.get((metric, values))
+        if child is None:
+            child = self._children[(metric, values)] = metric.labels(*values)
+        return child
 
     def admitted(self, model: str, priority_class: str, queue_s: float) -> None:
-        self.admissions.labels(model, priority_class).inc()
-        self.queue_s.labels(priority_class).observe(queue_s)
+        self._child(self.admissions, model, priority_class).inc()
+        self._child(self.queue_s, priority_class).observe(queue_s)
 
     def rejected(self, reason: str) -> None:
-        self.rejections.labels(reason).inc()
+        self._child(self.rejections, reason).inc()
 
     def degraded(self, model: str, actions: list[str]) -> None:
         for action in actions:
@@ -64,14 +71,14 @@ class GatewayMetrics:
     def ended(self, tenant_id: str, model: str, status: str, prompt: int, cached: int, completion: int,
               cost_usd: float, ttft_s: float | None) -> None:
         tenant = self.tenant_label(tenant_id)
-        self.requests.labels(model, status).inc()
+        self._child(self.requests, model, status).inc()
         for kind, n in (("prompt", prompt - cached), ("cached_prompt", cached), ("completion", completion)):
             if n:
-                self.tokens.labels(tenant, model, kind).inc(n)
+                self._child(self.tokens, tenant, model, kind).inc(n)
         if cost_usd:
-            self.cost.labels(tenant, model).inc(cost_usd)
+            self._child(self.cost, tenant, model).inc(cost_usd)
         if ttft_s is not None:
-            self.ttft_s.labels(model).observe(ttft_s)
+            self._child(self.ttft_s, model).observe(ttft_s)
 
     def watch(self, collect: Callable[[], Iterator[Metric]]) -> None:
         self.registry.register(_Collector(collect))

@@ -207,7 +207,7 @@ def test_refusals_are_recorded_before_any_work(tmp_path):
 
 def test_a_request_waiting_past_its_deadline_expires_without_reaching_a_replica(tmp_path):
     async def slow(request):
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)
         return httpx.Response(200, json=completion_body())
 
     replicas = Replicas(a=slow)
@@ -217,10 +217,11 @@ def test_a_request_waiting_past_its_deadline_expires_without_reaching_a_replica(
     auth = {"authorization": f"Bearer {key}"}
     with TestClient(build_gateway_app(gw)) as client:
         async def both():
-            first = asyncio.to_thread(client.post, "/v1/chat/completions", json=CHAT, headers=auth)
-            await asyncio.sleep(0.1)
+            first = asyncio.ensure_future(asyncio.to_thread(client.post, "/v1/chat/completions", json=CHAT,
+                                                            headers=auth))
+            await asyncio.sleep(0.3)  # the first holds the only slot
             second = asyncio.to_thread(client.post, "/v1/chat/completions", json=CHAT,
-                                       headers=auth | {headers.DEADLINE_MS: "100"})
+                                       headers=auth | {headers.DEADLINE_MS: "200"})
             return await asyncio.gather(first, second)
         r1, r2 = asyncio.run(both())
     assert (r1.status_code, r2.status_code) == (200, 504) and r2.json()["error"]["code"] == "deadline_exceeded"
