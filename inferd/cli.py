@@ -6,7 +6,8 @@ import time
 
 from inferd.bench.cli import add_bench_parser
 from inferd.control import commands as gateway_cli
-from inferd.engine.config import EngineConfig, add_engine_flags, engine_config_from
+from inferd.engine.config import EngineConfig
+from inferd.settings import add_flags, config_from
 from inferd.telemetry.logs import LOG_FORMATS
 
 log = logging.getLogger("inferd")
@@ -20,7 +21,7 @@ def _replica_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: the model's)")
-    add_engine_flags(p)
+    add_flags(p, EngineConfig)
 
 
 def _listen_flags(p: argparse.ArgumentParser, key_help: str) -> None:
@@ -64,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     try:
-        return engine_config_from(args)
+        return config_from(EngineConfig, args)
     except ValueError as exc:
         raise SystemExit(f"inferd {args.command}: error: {exc}")
 

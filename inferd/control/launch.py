@@ -11,12 +11,13 @@ from inferd.control.placement import make_replica
 from inferd.control.pool import ReplicaPool, per_replica_slots
 from inferd.control.replicas import ReplicaHandle, ReplicaProcess
 from inferd.control.spec import DeploymentSpec, ServiceSpec
-from inferd.engine.config import EngineConfig, engine_flags
+from inferd.engine.config import EngineConfig
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.degrade import Degrader
 from inferd.gateway.deployments import Deployment, Deployments, TextModel, Upstream
 from inferd.control.gateway_setup import deployment_for
+from inferd.settings import flags_of
 
 
 @dataclass(slots=True)
@@ -48,7 +49,7 @@ def replica_args(model: str | None, served_model_name: str | None, engine: Engin
     """`inferd replica` arguments: the model (None or "default": the packaged one), its name, the engine."""
     out = [] if model in (None, "default") else [model]
     out += ["--served-model-name", served_model_name] if served_model_name else []
-    return out + engine_flags(engine) + list(log_flags)
+    return out + flags_of(engine) + list(log_flags)
 
 
 def start_deployments(plans: list[DeploymentPlan], config: GatewayConfig) -> Deployments:

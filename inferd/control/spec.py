@@ -12,11 +12,12 @@ from typing import Any
 
 import yaml
 
-from inferd.engine.config import EngineConfig, SettingError
+from inferd.engine.config import EngineConfig
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.config import ModelPrice
 from inferd.gateway.degrade import DEGRADE_ACTIONS, DegradationSpec, DegradationStep
 from inferd.router.router import RouterConfig
+from inferd.settings import SettingError
 
 
 class SpecError(ValueError):

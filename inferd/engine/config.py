@@ -1,25 +1,12 @@
 """The engine's settings, written once: EngineConfig's fields make the `inferd serve|replica` flags, the
-deployment spec's `runtime:` section and the arguments a replica process is started with."""
-import argparse
-import types
-import typing
-from dataclasses import Field, dataclass, field, fields
+deployment spec's `runtime:` section and the arguments a replica process is started with (inferd/settings.py)."""
+from dataclasses import dataclass, field
+
+from inferd.settings import SettingError, check_choices, setting
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8")
 SCHEDULING_POLICIES = ("priority", "fcfs")
-
-
-class SettingError(ValueError):
-    """An engine setting this engine cannot honour; .name names it."""
-
-    def __init__(self, name: str, problem: str):
-        super().__init__(f"{name}: {problem}")
-        self.name, self.problem = name, problem
-
-
-def setting(default, help: str, choices: tuple[str, ...] = (), metavar: str | None = None):
-    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
 
 
 @dataclass(slots=True)
@@ -50,10 +37,7 @@ class EngineConfig:
     public_prefixes: list[list[int]] = field(default_factory=list, metadata={"setting": False})  # token ids
 
     def __post_init__(self):
-        for f in user_settings():
-            if f.metadata["choices"] and getattr(self, f.name) not in f.metadata["choices"]:
-                raise SettingError(f.name, f"must be one of {', '.join(f.metadata['choices'])}; "
-                                   f"got {getattr(self, f.name)!r}")
+        check_choices(self)
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size", "max_model_len",
                      "num_threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -66,48 +50,3 @@ class EngineConfig:
             raise SettingError("speculative_model", "needs num_speculative_tokens (the drafts per step) >= 1")
         if any(not prefix for prefix in self.public_prefixes):
             raise SettingError("public_prefixes", "a public prefix must hold at least one token id")
-
-
-def user_settings() -> list[Field]:
-    """The fields a user sets (flags, spec runtime, replica arguments); the rest are set by code."""
-    return [f for f in fields(EngineConfig) if f.metadata.get("setting", True)]
-
-
-# command line
-
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    for f in user_settings():
-        help = f.metadata["help"] + ("" if f.default is None else " (default: %(default)s)")
-        if f.type is bool:
-            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=f.default, help=help)
-        else:
-            parser.add_argument(_flag(f.name), dest=f.name, type=_scalar(f.type), default=f.default,
-                                choices=f.metadata["choices"] or None, metavar=f.metadata["metavar"], help=help)
-
-
-def engine_config_from(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(**{f.name: getattr(args, f.name) for f in user_settings()})
-
-
-def engine_flags(config: EngineConfig) -> list[str]:
-    """The flags that give `config` back when parsed by add_engine_flags' parser (defaults left out)."""
-    out = []
-    for f in user_settings():
-        value = getattr(config, f.name)
-        if value == f.default:
-            continue
-        if f.type is bool:
-            out.append(_flag(f.name) if value else f"--no-{_flag(f.name)[2:]}")
-        else:
-            out += [_flag(f.name), str(value)]
-    return out
-
-
-def _flag(name: str) -> str:
-    return "--" + name.removeprefix("enable_").replace("_", "-")
-
-
-def _scalar(hint) -> type:
-    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    return next(t for t in options if t is not type(None))

@@ -16,12 +16,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from inferd.gateway import admin, text
+from inferd.gateway import admin, embeddings, text
 from inferd.gateway.auth import KeyCache
 from inferd.gateway.charges import Charges
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.deployments import Deployments, Upstream
 from inferd.gateway.federate import replica_metrics
+from inferd.gateway.kinds import Operation
 from inferd.gateway.lifecycle import RequestPath
 from inferd.gateway.limits import Limiter
 from inferd.gateway.store import Store
@@ -118,13 +119,14 @@ class GatewayRoutes:
         self.gw = gateway
 
     def routes(self) -> list[Route]:
-        serving = [Route(op.path, self._serve(op), methods=["POST"]) for op in text.OPERATIONS]
+        serving = [Route(op.path, self._serve(op), methods=["POST"])
+                   for op in (*text.OPERATIONS, *embeddings.OPERATIONS)]
         return [Route("/v1/models", self.models, methods=["GET"]), *serving,
                 Route("/health", self.health, methods=["GET"]),
                 Route("/ready", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"])] + admin.routes(self.gw)
 
-    def _serve(self, op: text.Operation):
+    def _serve(self, op: Operation):
         async def endpoint(request: Request) -> Response:
             return await self.gw.requests.serve(request, op)
         return endpoint

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from inferd.gateway.admission import AdmissionQueue
 from inferd.gateway.degrade import Degrader
+from inferd.protocol.embeddings import BatchTokenizer, EmbeddingShape
 from inferd.protocol.tokenizer import Tokenizer
 from inferd.router.router import Router
 
@@ -22,6 +23,23 @@ class TextModel:
 
     def card(self) -> dict:
         return {"kind": self.kind, "max_model_len": self.max_model_len}
+
+
+@dataclass(slots=True, frozen=True)
+class EmbeddingModel:
+    """The embedding kind's part: its tokenizer (to count inputs) and the shape of its inputs and outputs."""
+    tokenizer: BatchTokenizer
+    shape: EmbeddingShape
+    truncate: bool = False  # the deployment's default for requests that do not say
+    kind: str = "embedding"
+
+    def card(self) -> dict:
+        s = self.shape
+        return {"kind": self.kind, "dimensions": s.dimensions, "max_input_tokens": s.max_input_tokens,
+                "matryoshka": s.matryoshka}
+
+
+ModelKind = TextModel | EmbeddingModel
 
 
 @dataclass(slots=True, eq=False)
@@ -52,7 +70,7 @@ class Upstream:
 @dataclass(slots=True, eq=False)
 class Deployment:
     name: str
-    model: TextModel
+    model: ModelKind
     upstreams: list[Upstream]
     queue: AdmissionQueue
     version: str = "v1"
@@ -73,7 +91,7 @@ class Deployment:
 
     def describe(self, card: dict) -> None:
         """What a replica's /v1/models says of the model (context length, source, digests) joins the card."""
-        if card.get("max_model_len"):
+        if card.get("max_model_len") and isinstance(self.model, TextModel):
             self.model = TextModel(self.model.tokenizer, card["max_model_len"])
         self.card |= self.model.card() | {k: v for k, v in card.items() if k in ("source_path", "digests")}
 

@@ -3,14 +3,15 @@ import pytest
 from inferd.cli import _parser
 from inferd.control.launch import replica_args
 from inferd.control.spec import SpecError, build
-from inferd.engine.config import EngineConfig, _scalar, engine_config_from, engine_flags, user_settings
+from inferd.engine.config import EngineConfig
+from inferd.settings import config_from, flags_of, scalar, user_settings
 
 
 def _changed() -> EngineConfig:
     """Every user setting away from its default, so that a setting lost on any path shows."""
     values = {}
-    for f in user_settings():
-        kind = _scalar(f.type)
+    for f in user_settings(EngineConfig):
+        kind = scalar(f.type)
         if f.metadata["choices"]:
             values[f.name] = next(c for c in f.metadata["choices"] if c != f.default)
         elif kind is bool:
@@ -24,19 +25,19 @@ def _changed() -> EngineConfig:
 
 def test_every_setting_differs_in_the_probe():
     changed, defaults = _changed(), EngineConfig()
-    assert all(getattr(changed, f.name) != getattr(defaults, f.name) for f in user_settings())
+    assert all(getattr(changed, f.name) != getattr(defaults, f.name) for f in user_settings(EngineConfig))
 
 
 @pytest.mark.parametrize("command", ["serve", "replica"])
 def test_engine_flags_give_the_config_back(command):
-    args = _parser().parse_args([command, *engine_flags(_changed())])
-    assert engine_config_from(args) == _changed()
-    assert engine_config_from(_parser().parse_args([command])) == EngineConfig()
+    args = _parser().parse_args([command, *flags_of(_changed())])
+    assert config_from(EngineConfig, args) == _changed()
+    assert config_from(EngineConfig, _parser().parse_args([command])) == EngineConfig()
 
 
 def test_replica_args_give_the_config_back():
     args = _parser().parse_args(["replica", *replica_args(None, "smol", _changed(), ["--log-format", "json"])])
-    assert engine_config_from(args) == _changed()
+    assert config_from(EngineConfig, args) == _changed()
     assert (args.model, args.served_model_name, args.log_format) == (None, "smol", "json")
 
 
@@ -44,14 +45,14 @@ def test_old_flag_names_still_parse():
     args = _parser().parse_args(["replica", "--no-prefix-caching", "--dtype", "float32", "--kv-cache-gib", "0.5",
                                  "--num-kv-blocks", "8", "--speculative-model", "layers:1",
                                  "--num-speculative-tokens", "2", "--scheduling-policy", "fcfs"])
-    config = engine_config_from(args)
+    config = config_from(EngineConfig, args)
     assert not config.enable_prefix_caching and config.dtype == "float32" and config.num_kv_blocks == 8
     assert (config.kv_cache_gib, config.speculative_model, config.scheduling_policy) == (0.5, "layers:1", "fcfs")
 
 
 def test_every_setting_is_a_spec_runtime_field():
     changed = _changed()
-    assert build(EngineConfig, {f.name: getattr(changed, f.name) for f in user_settings()}, "runtime") == changed
+    assert build(EngineConfig, {f.name: getattr(changed, f.name) for f in user_settings(EngineConfig)}, "runtime") == changed
     with pytest.raises(SpecError, match=r"runtime.public_prefixes: unknown field"):
         build(EngineConfig, {"public_prefixes": [[1]]}, "runtime")
     with pytest.raises(SpecError, match=r"runtime.block_size: must be at least 1"):
