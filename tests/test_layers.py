@@ -15,13 +15,14 @@ ALLOWED = {
     "engine": {"models"},
     "gateway": {"protocol", "router", "telemetry"},
     "replica": {"protocol", "engine", "models", "telemetry"},
-    "control": {"protocol", "gateway", "replica", "router", "models", "engine", "telemetry"},
+    "embeddings": {"protocol", "replica", "models", "telemetry"},  # the replica of the embedding kind
+    "control": {"protocol", "gateway", "replica", "embeddings", "router", "models", "engine", "telemetry"},
     "bench": {"models"},  # prompts of a given length in the model's tokens
     "settings": set(),
 }
 EVERYONE = ("settings",)  # inferd/settings.py: config fields to flags; it imports nothing of inferd
 DATA_PATH = ("gateway", "router", "protocol")  # what a request passes through before a replica
-NEVER_FROM_DATA_PATH = ("control", "engine", "models", "replica", "cli")
+NEVER_FROM_DATA_PATH = ("control", "engine", "models", "replica", "embeddings", "cli")
 
 
 def _module(path: Path) -> str:

@@ -14,6 +14,7 @@ from inferd.engine.spec_decode import SpecConfig, Speculator
 from inferd.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from inferd.engine.sequence import Sequence
 from inferd.models.config import LoadedModel
+from inferd.models.cpu import has_native_bf16
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.packed import pack_linears
 from inferd.models.paged_attention import load_kernel
@@ -26,19 +27,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def resolve_dtype(name: str) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+        return torch.bfloat16 if has_native_bf16() else torch.float32
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
     return DTYPES[name]
-
-
-def _cpu_has_fast_bf16() -> bool:
-    """bf16 matmuls only beat fp32 where the CPU has AMX or AVX-512 BF16 (see benchmarks/README.md)."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 class LLMEngine:

@@ -7,6 +7,7 @@ from inferd.protocol.errors import ContextLengthExceeded, InvalidRequest
 
 MAX_SEED = 2**63
 MAX_CHOICES_PER_REQUEST = 256
+MAX_EMBEDDING_INPUTS = 2048
 StopString = Annotated[str, Field(min_length=1)]
 Prompt = str | list[str] | list[int] | list[list[int]]
 
@@ -174,7 +175,54 @@ class CompletionRequest(SamplingRequest):
         return self.logprobs is not None, self.logprobs or 0
 
 
+class EmbeddingRequest(_Body):
+    """POST /v1/embeddings. truncate is our extension: cut inputs longer than the model reads (else 400)."""
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    truncate: bool | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_shape(cls, value: Any) -> Any:
+        problem = _embedding_input_problem(value)
+        if problem:
+            raise InvalidRequest(f"Invalid 'input': {problem}", param="input")
+        return value
+
+    def inputs(self) -> list[str] | list[list[int]]:
+        """The input as a list of texts or a list of token-id lists."""
+        if isinstance(self.input, str) or isinstance(self.input[0], int):
+            return [self.input]
+        return self.input
+
+
 # helpers
+
+def _embedding_input_problem(value: Any) -> str | None:
+    """Why value is not a string, a list of strings, a list of token ids or a list of token-id lists."""
+    if isinstance(value, str):
+        return "it is an empty string" if not value else None
+    if not isinstance(value, list):
+        return "it must be a string, a list of strings, a list of token ids or a list of token-id lists"
+    if not value:
+        return "it is an empty list"
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        return f"it holds {len(value)} inputs; at most {MAX_EMBEDDING_INPUTS} are allowed per request"
+    if type(value[0]) is int:
+        return None if _is_token_ids(value) else "a list of token ids must hold only non-negative integers"
+    kind = str if isinstance(value[0], str) else list
+    for i, item in enumerate(value):
+        if kind is str and not isinstance(item, str):
+            return f"input[{i}] is not a string; a list of texts must hold only strings"
+        if kind is str and not item:
+            return f"input[{i}] is an empty string"
+        if kind is list and not _is_token_ids(item):
+            return f"input[{i}] is not a non-empty list of non-negative token ids"
+    return None
+
 
 def _is_token_ids(value: Any) -> bool:
     return isinstance(value, list) and len(value) > 0 and all(type(t) is int and t >= 0 for t in value)
