@@ -6,8 +6,9 @@ import time
 
 from inferd.bench.cli import add_bench_parser
 from inferd.control import commands as gateway_cli
+from inferd.control.kinds import KINDS, SETTINGS
 from inferd.engine.config import EngineConfig
-from inferd.settings import add_flags, config_from
+from inferd.settings import SettingError, add_flags, config_from
 from inferd.telemetry.logs import LOG_FORMATS
 
 log = logging.getLogger("inferd")
@@ -17,11 +18,14 @@ LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 
 # parser
 
-def _replica_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None,
-                   help="a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct)")
+MODEL_HELP = {"text": "a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct)",
+              "embedding": "a sentence-transformers directory or a .zip of one (default: all-MiniLM-L6-v2)"}
+
+
+def _replica_flags(p: argparse.ArgumentParser, kind: str = "text") -> None:
+    p.add_argument("model", nargs="?", default=None, help=MODEL_HELP[kind])
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: the model's)")
-    add_flags(p, EngineConfig)
+    add_flags(p, SETTINGS[kind])
 
 
 def _listen_flags(p: argparse.ArgumentParser, key_help: str) -> None:
@@ -31,7 +35,7 @@ def _listen_flags(p: argparse.ArgumentParser, key_help: str) -> None:
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(replica_kind: str = "text") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferd", description="Self-hosted LLM inference, OpenAI-compatible.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="the gateway in front of local replica processes of one model")
@@ -40,9 +44,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--replicas", type=int, default=1, help="local replica processes (default 1)")
     serve.add_argument("--config", default=None, help="a deployment spec (YAML): its deployments replace MODEL and "
                        "the engine flags")
+    serve.add_argument("--embedding-model", default="default", metavar="PATH|default|none",
+                       help="also serve this embedding model, as its own deployment (default: the packaged "
+                       "all-MiniLM-L6-v2; none: no embeddings)")
     gateway_cli.add_gateway_flags(serve)
-    replica = commands.add_parser("replica", help="one replica: the engine behind the OpenAI API, no tenants")
-    _replica_flags(replica)
+    replica = commands.add_parser("replica", help="one replica of a model kind behind the OpenAI API, no tenants")
+    replica.add_argument("--kind", choices=KINDS, default="text", help="text: our engine (chat, completions); "
+                         "embedding: /v1/embeddings (the flags below are the kind's: see --kind K --help)")
+    _replica_flags(replica, replica_kind)
     _listen_flags(replica, "require 'Authorization: Bearer KEY' on /v1/* ($INFERD_API_KEY)")
     replica.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     gateway = commands.add_parser("gateway", help="the gateway alone, in front of OpenAI-compatible upstreams")
@@ -100,12 +109,37 @@ def _replica(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replica_kind(argv: list[str]) -> str:
+    """`inferd replica --kind K`: the kind whose settings are the replica's flags."""
+    if not argv or argv[0] != "replica":
+        return "text"
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--kind=") else argv[i + 1] if arg == "--kind" and \
+            i + 1 < len(argv) else None
+        if value in KINDS:
+            return value
+    return "text"
+
+
+def _embedding_replica(args: argparse.Namespace) -> int:
+    from inferd.embeddings.config import EmbeddingConfig
+    from inferd.embeddings.server import serve_embeddings
+    try:
+        config = config_from(EmbeddingConfig, args)
+    except SettingError as exc:
+        raise SystemExit(f"inferd replica: error: {exc}")
+    serve_embeddings(args.model, args.host, args.port, args.api_key or None, args.served_model_name, config,
+                     args.log_level)
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     """The gateway on --port, in front of local `inferd replica` processes (one model, or a --config spec)."""
-    from inferd.control.launch import local_plans, replica_args, spec_plans, start_deployments, stop_all
+    from inferd.control.launch import (embedding_spec, local_plans, replica_args, spec_plans, start_deployments,
+                                       stop_all)
     from inferd.control.rollout import controller_for
-    from inferd.control.spec import SpecError, load_spec
     from inferd.control.gateway_setup import gateway_config, open_store, run_gateway
+    from inferd.control.spec import ServiceSpec, SpecError, load_spec
 
     if args.config and args.model:
         raise SystemExit("inferd serve: give MODEL (and engine flags) or --config, not both")
@@ -117,6 +151,8 @@ def _serve(args: argparse.Namespace) -> int:
     else:  # bad engine flags stop here, before anything starts
         engine = _engine_config(args)
         plans = local_plans(args, replica_args(args.model, args.served_model_name, engine, _log_flags(args)))
+        if args.embedding_model != "none":
+            plans += spec_plans(ServiceSpec([embedding_spec(args.embedding_model)]), _log_flags(args))
     config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
     store = open_store(config, args.api_key)
     try:
@@ -158,7 +194,8 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(_replica_kind(argv)).parse_args(argv)
     from inferd.telemetry.logs import setup_logging
     setup_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
     if args.command == "bench":
@@ -172,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         return gateway_cli.rollout(args)
     from inferd.models.errors import ModelLoadError
     try:
+        if args.command == "replica" and args.kind == "embedding":
+            return _embedding_replica(args)
         return {"serve": _serve, "replica": _replica, "gateway": _gateway}[args.command](args)
     except ModelLoadError as exc:
         log.error("cannot load the model: %s", exc)

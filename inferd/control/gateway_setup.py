@@ -1,6 +1,5 @@
 """Building and running a gateway: from flags to a served app (used by `inferd serve` and `inferd gateway`)."""
 import argparse
-import functools
 import logging
 from pathlib import Path
 
@@ -10,11 +9,11 @@ import uvicorn
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.gateway.app import Gateway, build_gateway_app
 from inferd.gateway.config import GatewayConfig, load_settings_file
-from inferd.gateway.deployments import Deployment, Deployments, TextModel, Upstream
+from inferd.control.kinds import gateway_model
+from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.keys import imported_key, lookup_id_of
 from inferd.gateway.limits import MemoryLimiter
 from inferd.gateway.store import Store
-from inferd.models.loader import load_tokenizer
 from inferd.router.router import Router, RouterConfig
 from inferd.telemetry.tracing import make_tracer
 
@@ -76,9 +75,8 @@ def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name:
     source = tokenizer_source or card.get("source_path")
     if source is None:
         log.warning("no tokenizer for %s given (--tokenizer); counting tokens with the default model's", card["id"])
-    name = model_name or card["id"]
-    model = TextModel(_tokenizer(source), max_model_len or card.get("max_model_len") or 8192)
-    return Deployment(name=name, model=model, upstreams=upstreams,
+    return Deployment(name=model_name or card["id"], model=gateway_model(card, source, max_model_len),
+                      upstreams=upstreams,
                       queue=AdmissionQueue(queue or config.queue), upstream_model=card["id"], internal_headers=ours,
                       router=Router(router or config.router), version=version,
                       card={k: v for k, v in card.items() if k in ("source_path", "digests")})
@@ -90,12 +88,6 @@ def describe_upstream(base_url: str, api_key: str | None, timeout_s: float = 10.
     r = httpx.get(f"{base_url.rstrip('/').removesuffix('/v1')}/v1/models", headers=headers, timeout=timeout_s)
     r.raise_for_status()
     return r.json()["data"][0]
-
-
-@functools.cache
-def _tokenizer(source: str | None):
-    """One tokenizer per model source, however many deployments (versions, names) serve it."""
-    return load_tokenizer(source)
 
 
 def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, log_level: str,

@@ -10,12 +10,16 @@ from pathlib import Path
 from inferd.control.placement import make_replica
 from inferd.control.pool import ReplicaPool, per_replica_slots
 from inferd.control.replicas import ReplicaHandle, ReplicaProcess
-from inferd.control.spec import DeploymentSpec, ServiceSpec
+from inferd.control.spec import DeploymentSpec, ModelSpec, ServiceSpec
+from inferd.control.kinds import model_from_files
+from inferd.embeddings.config import EmbeddingConfig
 from inferd.engine.config import EngineConfig
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
+from inferd.models.sentence import DEFAULT_EMBEDDING_NAME
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.degrade import Degrader
-from inferd.gateway.deployments import Deployment, Deployments, TextModel, Upstream
+from inferd.gateway.deployments import Deployment, Deployments, Upstream
+from inferd.router.router import Router
 from inferd.control.gateway_setup import deployment_for
 from inferd.settings import flags_of
 
@@ -38,18 +42,26 @@ def spec_plans(spec: ServiceSpec, log_flags: Sequence[str] = ()) -> list[Deploym
     for d in spec.deployments:
         make = None
         if d.model:
-            args = replica_args(d.model.source, d.name, d.runtime, log_flags)
+            args = replica_args(d.model.source, d.name, d.runtime, log_flags, d.kind)
             make = functools.partial(make_replica, d.placement, args)
         plans.append(DeploymentPlan(d, [make() for _ in range(d.replicas)] if make else [], make))
     return plans
 
 
-def replica_args(model: str | None, served_model_name: str | None, engine: EngineConfig,
-                 log_flags: Sequence[str] = ()) -> list[str]:
-    """`inferd replica` arguments: the model (None or "default": the packaged one), its name, the engine."""
-    out = [] if model in (None, "default") else [model]
+def embedding_spec(source: str = "default") -> DeploymentSpec:
+    """`inferd serve`'s embedding deployment beside its text model: the packaged all-MiniLM-L6-v2 by default."""
+    name = DEFAULT_EMBEDDING_NAME if source == "default" else Path(source).stem
+    return DeploymentSpec(name=name, kind="embedding", model=ModelSpec(source))
+
+
+def replica_args(model: str | None, served_model_name: str | None, settings: EngineConfig | EmbeddingConfig,
+                 log_flags: Sequence[str] = (), kind: str = "text") -> list[str]:
+    """`inferd replica` arguments: the kind, the model (None or "default": the packaged one), its name, and
+    the kind's settings."""
+    out = [] if kind == "text" else ["--kind", kind]
+    out += [] if model in (None, "default") else [model]
     out += ["--served-model-name", served_model_name] if served_model_name else []
-    return out + flags_of(engine) + list(log_flags)
+    return out + flags_of(settings) + list(log_flags)
 
 
 def start_deployments(plans: list[DeploymentPlan], config: GatewayConfig) -> Deployments:
@@ -86,7 +98,7 @@ def stop_all(plans: list[DeploymentPlan]) -> None:
 
 def _pool(plan: DeploymentPlan, deployment: Deployment) -> ReplicaPool:
     d, initial = plan.spec, len(plan.replicas)
-    slots = per_replica_slots(deployment.queue.config.max_inflight, initial, d.runtime.max_num_seqs if d else 1)
+    slots = per_replica_slots(deployment.queue.config.max_inflight, initial, d.runtime.replica_slots if d else 1)
     prefix = "replica" if d is None else d.name if d.role == "stable" else f"{d.name}-{d.version}"
     pool = ReplicaPool(deployment, plan.make, slots, initial, d.autoscaling if d else None, prefix=prefix)
     deployment.queue.set_capacity(initial * slots)
@@ -124,26 +136,13 @@ def _spec_deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
 
 def _default_queue(config: GatewayConfig, d: DeploymentSpec) -> QueueConfig:
     q = config.queue
-    inflight = d.replicas * d.runtime.max_num_seqs if d.external is None else q.max_inflight
+    inflight = d.replicas * d.runtime.replica_slots if d.external is None else q.max_inflight
     return QueueConfig(max(inflight, 1), q.max_queue_len, q.max_queued_tokens)  # the pool sets the live capacity
 
 
 def _unstarted_deployment(d: DeploymentSpec, queue: QueueConfig) -> Deployment:
-    """Scaled to zero from the start: tokenizer and context length from the model file; the first replica
-    that becomes ready completes the card."""
-    from inferd.models.loader import default_model_path, load_tokenizer
-    from inferd.router.router import Router
-    path = default_model_path() if d.model.source == "default" else Path(d.model.source).expanduser()
-    model = TextModel(load_tokenizer(path), d.runtime.max_model_len or _context_length(path))
+    """Scaled to zero from the start: the gateway's model part from the model files; the first replica that
+    becomes ready completes the card."""
+    model = model_from_files(d.kind, d.model.source, d.runtime)
     return Deployment(name=d.name, model=model, upstreams=[],
                       queue=AdmissionQueue(queue), version=d.version, upstream_model=d.name, router=Router(d.router))
-
-
-def _context_length(path: Path) -> int:
-    if path.is_dir():
-        from inferd.models.hf import read_json
-        return (read_json(path / "config.json") or {}).get("max_position_embeddings", 2048)
-    from gguf import GGUFReader
-    from inferd.models.gguf import integer, metadata
-    reader = GGUFReader(path)
-    return integer(reader, f"{metadata(reader, 'general.architecture')}.context_length", 2048)

@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from inferd.control.kinds import KINDS, SETTINGS, source_path
+from inferd.embeddings.config import EmbeddingConfig
 from inferd.engine.config import EngineConfig
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.config import ModelPrice
@@ -87,10 +89,11 @@ class RolloutSpec:
 @dataclass(slots=True)
 class DeploymentSpec:
     name: str
+    kind: str = "text"  # one of kinds.KINDS: text (chat, completions) | embedding
     version: str = "v1"
     role: str = "stable"  # or "canary": a second version of a stable deployment's name
     model: ModelSpec | None = None
-    runtime: EngineConfig = field(default_factory=EngineConfig)  # every engine setting (user_settings)
+    runtime: EngineConfig | EmbeddingConfig | None = None  # the kind's settings (kinds.SETTINGS); None: defaults
     replicas: int = 1  # replicas at start (within autoscaling's min and max when it is set)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     autoscaling: AutoscalingSpec | None = None
@@ -101,6 +104,12 @@ class DeploymentSpec:
     price: ModelPrice = field(default_factory=ModelPrice)
     queue: QueueConfig | None = None
     router: RouterConfig = field(default_factory=RouterConfig)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise SettingError("kind", f"must be one of {', '.join(KINDS)}; got {self.kind!r}")
+        if self.runtime is None:
+            self.runtime = SETTINGS[self.kind]()
 
 
 @dataclass(slots=True)
@@ -130,6 +139,8 @@ def build(cls: type, raw: Any, where: str) -> Any:
     if unknown:
         raise SpecError(f"{_at(where, unknown[0])}: unknown field (known: {', '.join(known)})")
     hints = typing.get_type_hints(cls)
+    if cls is DeploymentSpec and raw.get("kind", "text") in SETTINGS:  # the runtime's fields are the kind's
+        hints["runtime"] = SETTINGS[raw.get("kind", "text")] | None
     values = {name: _value(hints[name], raw[name], _at(where, name)) for name in raw}
     for name, f in known.items():
         if name not in values and f.default is MISSING and f.default_factory is MISSING:
@@ -173,6 +184,7 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
         raise SpecError("deployments: at least one is needed")
     seen: set[tuple[str, str]] = set()
     stable = {d.name for d in spec.deployments if d.role == "stable"}
+    kinds = {d.name: d.kind for d in spec.deployments if d.role == "stable"}
     for i, d in enumerate(spec.deployments):
         where = f"deployments[{i}]"
         if d.role not in ROLES:
@@ -187,6 +199,8 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
         for j, name in enumerate(d.fallbacks):
             if name not in stable or name == d.name:
                 raise SpecError(f"{where}.fallbacks[{j}]: '{name}' is not another deployment of this file")
+            if kinds[name] != d.kind:
+                raise SpecError(f"{where}.fallbacks[{j}]: '{name}' is a {kinds[name]} deployment, not {d.kind}")
         if d.degradation is not None:
             _check_degradation(d.degradation, stable - {d.name}, f"{where}.degradation")
         if (d.model is None) == (d.external is None):
@@ -197,13 +211,15 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
                 raise SpecError(f"{where}.autoscaling: an external deployment has no replicas to scale")
             continue
         _check_runtime(d.runtime, f"{where}.runtime")
+        if d.kind != "text" and (d.degradation is not None or d.external is not None):
+            raise SpecError(f"{where}: degradation and external replicas are for text deployments only")
         _check_replicas(d, where)
         if d.placement.backend not in PLACEMENTS:
             raise SpecError(f"{where}.placement.backend: must be one of {', '.join(PLACEMENTS)}")
         if d.placement.num_cpus <= 0 or d.placement.num_gpus < 0:
             raise SpecError(f"{where}.placement: num_cpus must be above 0 and num_gpus at least 0")
         if verify_digests:
-            _check_digest(d.model, f"{where}.model")
+            _check_digest(d.kind, d.model, f"{where}.model")
 
 
 def _check_canary(spec: ServiceSpec, d: DeploymentSpec, where: str) -> None:
@@ -273,9 +289,9 @@ def _check_degradation(g: DegradationSpec, others: set[str], where: str) -> None
         raise SpecError(f"{where}: overload_queue_age_ms must be above 0 and sustain_s at least 0")
 
 
-def _check_runtime(r: EngineConfig, where: str) -> None:
-    """What depends on this machine; the values themselves EngineConfig checks."""
-    m = r.speculative_model
+def _check_runtime(r: EngineConfig | EmbeddingConfig, where: str) -> None:
+    """What depends on this machine; the values themselves the settings' own type checks."""
+    m = getattr(r, "speculative_model", None)
     if m is not None and not (m.startswith("layers:") and m[7:].isdigit()) and not Path(m).expanduser().exists():
         raise SpecError(f"{where}.speculative_model: {m} is neither layers:N nor an existing model path")
     cores = os.cpu_count() or 1
@@ -290,9 +306,8 @@ def _check_external(e: ExternalSpec, where: str) -> None:
         raise SpecError(f"{where}.api_key_env: ${e.api_key_env} is not set")
 
 
-def _check_digest(m: ModelSpec, where: str) -> None:
-    from inferd.models.loader import default_model_path
-    path = default_model_path() if m.source == "default" else Path(m.source).expanduser()
+def _check_digest(kind: str, m: ModelSpec, where: str) -> None:
+    path = source_path(kind, m.source)
     if not path.exists():
         raise SpecError(f"{where}.source: {path} does not exist")
     if m.sha256 is None:

@@ -1,11 +1,9 @@
 """An embedding replica's settings, written once: the fields (with their help) make its flags and spec keys."""
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import dataclass
+
+from inferd.settings import SettingError, check_choices, setting
 
 DTYPES = ("auto", "float32", "bfloat16")
-
-
-def setting(default, help: str, choices: tuple[str, ...] = (), metavar: str | None = None):
-    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
 
 
 @dataclass(slots=True)
@@ -24,19 +22,21 @@ class EmbeddingConfig:
     matryoshka: bool = setting(False, "the model is trained for truncated embeddings: accept dimensions "
                                "below its own (truncated, then renormalised)")
     num_threads: int | None = setting(None, "torch threads (default: all cores)")
+    max_inflight_requests: int = setting(64, "requests the gateway sends one replica at once; its inputs wait in "
+                                         "the replica's own queue")
     pack_weights: bool = setting(True, "prepack linear weights for oneDNN where the CPU supports the dtype "
-                                 "(5-10 % faster here)")
+                                 "(5-10 %% faster here)")
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-        for name in ("max_batch_tokens", "max_batch_inputs", "max_queue_inputs", "max_queue_tokens", "num_threads"):
+        check_choices(self)
+        for name in ("max_batch_tokens", "max_batch_inputs", "max_queue_inputs", "max_queue_tokens", "num_threads",
+                     "max_inflight_requests"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be at least 1")
+                raise SettingError(name, "must be at least 1")
         if self.max_queue_delay_ms < 0:
-            raise ValueError("max_queue_delay_ms: must be at least 0")
+            raise SettingError("max_queue_delay_ms", "must be at least 0")
 
-
-def settings() -> list[Field]:
-    """The fields a user sets, for flags and spec keys."""
-    return list(fields(EmbeddingConfig))
+    @property
+    def replica_slots(self) -> int:
+        """Requests the gateway lets run on one replica at once."""
+        return self.max_inflight_requests

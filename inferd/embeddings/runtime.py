@@ -16,7 +16,8 @@ from inferd.models.bert import BertEncoder, load_weights, pool
 from inferd.models.cpu import has_native_bf16
 from inferd.models.packed import pack_linears
 from inferd.models.sentence import EmbeddingModelFiles, load_embedding_model
-from inferd.protocol.errors import ContextLengthExceeded, InvalidRequest
+from inferd.protocol.embeddings import EmbeddingShape, checked_contents, checked_dimensions, content_ids
+from inferd.protocol.errors import InvalidRequest
 from inferd.protocol.headers import PriorityClass
 from inferd.replica.batcher import Batcher, BatcherConfig, BatchReport
 
@@ -61,6 +62,8 @@ class EmbeddingRuntime:
                                   config.matryoshka, files.config.vocab_size, str(self.dtype).removeprefix("torch."),
                                   str(files.source), dict(files.digests))
         self.prefix, self.suffix = special_tokens(files.tokenizer)
+        self.shape = EmbeddingShape(files.dimensions, files.max_input_tokens, len(self.prefix) + len(self.suffix),
+                                    config.matryoshka)
         self.batcher: Batcher[list[int], torch.Tensor] = Batcher(self.embed_batch, BatcherConfig(
             max_batch_cost=config.max_batch_tokens, max_batch_items=config.max_batch_inputs,
             max_queue_delay_ms=config.max_queue_delay_ms, max_queue_items=config.max_queue_inputs,
@@ -82,20 +85,11 @@ class EmbeddingRuntime:
     def tokenize(self, inputs: list[str] | list[list[int]], truncate: bool | None = None) -> list[list[int]]:
         """Token ids with the special tokens; raises InvalidRequest for an out-of-vocabulary id, and
         ContextLengthExceeded for an input too long, unless truncate (default: the config's)."""
-        if inputs and isinstance(inputs[0], str):
-            contents = [e.ids for e in self.tokenizer.encode_batch(inputs, add_special_tokens=False)]
-        else:
-            contents = inputs
+        contents = content_ids(self.tokenizer, inputs)
+        if inputs and not isinstance(inputs[0], str):
             self._check_vocabulary(contents)
         cut = self.config.truncate if truncate is None else truncate
-        room = self.info.max_input_tokens - len(self.prefix) - len(self.suffix)
-        for i, content in enumerate(contents):
-            if len(content) > room and not cut:
-                raise ContextLengthExceeded(
-                    f"Input {i} has {len(content) + len(self.prefix) + len(self.suffix)} tokens; this model reads "
-                    f"at most {self.info.max_input_tokens} (special tokens included). Shorten it, or send "
-                    "\"truncate\": true to cut it.", param="input")
-        return [self.prefix + list(content[:room]) + self.suffix for content in contents]
+        return [self.prefix + list(c) + self.suffix for c in checked_contents(contents, self.shape, cut)]
 
     def _check_vocabulary(self, contents: list[list[int]]) -> None:
         for i, content in enumerate(contents):
@@ -104,16 +98,7 @@ class EmbeddingRuntime:
                                      f"{self.info.vocab_size} ids (0 to {self.info.vocab_size - 1}).", param="input")
 
     def check_dimensions(self, dimensions: int | None) -> int:
-        native = self.info.dimensions
-        if dimensions is None or dimensions == native:
-            return native
-        if dimensions > native:
-            raise InvalidRequest(f"This model's embeddings have {native} dimensions; {dimensions} were asked for.",
-                                 param="dimensions")
-        if not self.info.matryoshka:
-            raise InvalidRequest(f"This model's embeddings have {native} dimensions and it is not served as a "
-                                 f"matryoshka model, so they cannot be shortened to {dimensions}.", param="dimensions")
-        return dimensions
+        return checked_dimensions(dimensions, self.shape)
 
     # embedding
 

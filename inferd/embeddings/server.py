@@ -1,6 +1,7 @@
 """An embedding replica: POST /v1/embeddings (OpenAI's contract), /v1/models, /health, /ready, /metrics."""
 import asyncio
 import base64
+import json
 import logging
 import math
 import time
@@ -81,7 +82,8 @@ class EmbeddingRoutes:
         card = {"id": i.name, "object": "model", "created": int(self.readiness.loaded_unix_s or time.time()),
                 "owned_by": "inferd", "kind": "embedding", "dimensions": i.dimensions,
                 "max_input_tokens": i.max_input_tokens, "matryoshka": i.matryoshka, "dtype": i.dtype,
-                "source_path": i.source_path, "digests": i.digests}
+                "num_special_tokens": self.runtime.shape.num_special_tokens,
+                "truncate": self.runtime.config.truncate, "source_path": i.source_path, "digests": i.digests}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self, request: Request) -> Response:
@@ -107,9 +109,10 @@ def embedding_response(vectors: torch.Tensor, encoding_format: str, model: str, 
         encoded = [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
     else:
         encoded = vectors.tolist()
+    usage = {"prompt_tokens": num_tokens, "total_tokens": num_tokens}
     return JSONResponse({"object": "list", "model": model,
                          "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encoded)],
-                         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
+                         "usage": usage}, headers={headers.USAGE: json.dumps(usage, separators=(",", ":"))})
 
 
 def _deadline_s(request: Request) -> float | None:

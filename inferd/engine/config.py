@@ -50,3 +50,8 @@ class EngineConfig:
             raise SettingError("speculative_model", "needs num_speculative_tokens (the drafts per step) >= 1")
         if any(not prefix for prefix in self.public_prefixes):
             raise SettingError("public_prefixes", "a public prefix must hold at least one token id")
+
+    @property
+    def replica_slots(self) -> int:
+        """Requests the gateway lets run on one replica at once."""
+        return self.max_num_seqs

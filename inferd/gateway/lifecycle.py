@@ -240,7 +240,7 @@ class RequestPath:
             attempt, response = await self._on_deployment(x, op, d, plan)
             whole, streams = None, response is not None and plan.stream and response.status_code == 200
             if response is not None and not streams:
-                whole = await relay.read_whole(response, attempt.outcome, x.arrival_s)
+                whole = await relay.read_whole(response, attempt.outcome, x.arrival_s, d.internal_headers)
             outcome = attempt.outcome
             if (streams or whole is not None) and (outcome.retry_reason is None or not fallbacks):
                 return attempt, response, whole

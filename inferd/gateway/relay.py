@@ -78,8 +78,10 @@ async def send(transport: httpx.AsyncBaseTransport, url: httpx.URL, request_head
     return None
 
 
-async def read_whole(response: httpx.Response, outcome: Outcome, arrival_s: float) -> tuple[bytes, dict] | None:
-    """A unary answer (or any non-200): its body and passed headers; None with the outcome failed."""
+async def read_whole(response: httpx.Response, outcome: Outcome, arrival_s: float, ours: bool
+                     ) -> tuple[bytes, dict] | None:
+    """A unary answer (or any non-200): its body and passed headers; None with the outcome failed. Our
+    replicas say the usage in a header (headers.USAGE); an external server's body is parsed for it."""
     try:
         content = await response.aread()
     except httpx.HTTPError as exc:
@@ -90,7 +92,8 @@ async def read_whole(response: httpx.Response, outcome: Outcome, arrival_s: floa
         await response.aclose()
     passed = {k: v for k, v in response.headers.items() if k in PASSED_HEADERS}
     if response.status_code == 200:
-        outcome.observe_usage(json.loads(content).get("usage"))
+        usage = response.headers.get(headers.USAGE) if ours else None
+        outcome.observe_usage(json.loads(usage) if usage else json.loads(content).get("usage"))
         outcome.first_token(arrival_s)
         outcome.end("completed", 200)
     else:

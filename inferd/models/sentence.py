@@ -63,15 +63,24 @@ def default_embedding_model_path() -> Path:
 
 def load_embedding_model(source: str | Path | None = None) -> EmbeddingModelFiles:
     """Load a sentence-transformers directory or a .zip of one; None loads the packaged all-MiniLM-L6-v2."""
-    path = default_embedding_model_path() if source is None else Path(source).expanduser()
-    if path.is_file() and path.suffix.lower() == ".zip":
-        directory = unpacked_dir(path)
-    elif path.is_dir():
-        directory = path
-    else:
-        raise ModelLoadError(f"embedding model source {path} is neither a directory nor a .zip of one")
+    path, directory = _locate(source)
     name = DEFAULT_EMBEDDING_NAME if source is None else (path.stem if path.is_file() else path.name)
     return read_directory(name, path, directory)
+
+
+def load_embedding_tokenizer(source: str | Path | None = None) -> HFTokenizer:
+    """Only the tokenizer of such a source (what the gateway counts inputs with)."""
+    return read_tokenizer(_locate(source)[1] / "tokenizer.json")
+
+
+def _locate(source: str | Path | None) -> tuple[Path, Path]:
+    """(the source as given, the directory holding its files: a .zip is unpacked once)."""
+    path = default_embedding_model_path() if source is None else Path(source).expanduser()
+    if path.is_file() and path.suffix.lower() == ".zip":
+        return path, unpacked_dir(path)
+    if path.is_dir():
+        return path, path
+    raise ModelLoadError(f"embedding model source {path} is neither a directory nor a .zip of one")
 
 
 def read_directory(name: str, source: Path, directory: Path) -> EmbeddingModelFiles:

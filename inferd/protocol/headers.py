@@ -9,6 +9,7 @@ PRIORITY = "x-inferd-priority"  # the scheduling class; a client may only lower 
 CACHE_NAMESPACE = "x-inferd-cache-namespace"  # gateway -> replica: the tenant whose prefix cache to use
 TENANT = "x-inferd-tenant"  # gateway -> replica
 USAGE_EVENTS = "x-inferd-usage-events"  # gateway -> replica: "1" asks for usage as SSE comments (USAGE_PREFIX)
+USAGE = "x-inferd-usage"  # replica -> gateway: a unary answer's usage object (JSON), so its body is not parsed
 FALLBACK = "x-inferd-fallback"  # gateway -> client: "a->b" when a fallback deployment answered
 DEGRADED = "x-inferd-degraded"  # gateway -> client: the degradation steps applied
 

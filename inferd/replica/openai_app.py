@@ -105,8 +105,8 @@ class OpenAIRoutes:
             events = self._chat_events(meta, body, jobs, [len(prompt)], self._usage_events(request))
             return await self._stream(request, events)
         results = await unless_disconnected(request, self._collect(jobs))
-        return JSONResponse(chat_response(meta, results, _usage([len(prompt)], results), self._token_bytes,
-                                          bool(body.logprobs)))
+        usage = _usage([len(prompt)], results)
+        return _unary(chat_response(meta, results, usage, self._token_bytes, bool(body.logprobs)), usage)
 
     async def completions(self, request: Request) -> Response:
         body = CompletionRequest.model_validate(await read_json(request, self.config.max_body_bytes))
@@ -119,8 +119,8 @@ class OpenAIRoutes:
             return await self._stream(request, self._completion_events(meta, body, jobs, lens,
                                                                        self._usage_events(request)))
         results = await unless_disconnected(request, self._collect(jobs))
-        return JSONResponse(completion_response(meta, results, _usage(lens, results), self._token_bytes,
-                                                body.logprobs is not None))
+        usage = _usage(lens, results)
+        return _unary(completion_response(meta, results, usage, self._token_bytes, body.logprobs is not None), usage)
 
     # request preparation
 
@@ -311,6 +311,11 @@ def _so_far(body: SamplingRequest, prompt_lens: list[int], results: list[ChoiceR
     if body.continuous_usage:
         return _usage(prompt_lens, results)
     return body.include_usage
+
+
+def _unary(body: dict, usage: dict) -> JSONResponse:
+    """A whole answer; its usage also in a header, so that the gateway need not parse the body."""
+    return JSONResponse(body, headers={headers.USAGE: json.dumps(usage, separators=(",", ":"))})
 
 
 def _usage_comment(prompt_lens: list[int], results: list[ChoiceResult]) -> bytes:
