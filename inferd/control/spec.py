@@ -105,9 +105,7 @@ class DeploymentSpec:
     queue: QueueConfig | None = None
     router: RouterConfig = field(default_factory=RouterConfig)
 
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise SettingError("kind", f"must be one of {', '.join(KINDS)}; got {self.kind!r}")
+    def __post_init__(self):  # the kind itself is checked as the file is read (build)
         if self.runtime is None:
             self.runtime = SETTINGS[self.kind]()
 
@@ -139,8 +137,11 @@ def build(cls: type, raw: Any, where: str) -> Any:
     if unknown:
         raise SpecError(f"{_at(where, unknown[0])}: unknown field (known: {', '.join(known)})")
     hints = typing.get_type_hints(cls)
-    if cls is DeploymentSpec and raw.get("kind", "text") in SETTINGS:  # the runtime's fields are the kind's
-        hints["runtime"] = SETTINGS[raw.get("kind", "text")] | None
+    if cls is DeploymentSpec:  # the runtime's fields are the kind's
+        kind = raw.get("kind", "text")
+        if kind not in SETTINGS:
+            raise SpecError(f"{_at(where, 'kind')}: must be one of {', '.join(KINDS)}; got {kind!r}")
+        hints["runtime"] = SETTINGS[kind] | None
     values = {name: _value(hints[name], raw[name], _at(where, name)) for name in raw}
     for name, f in known.items():
         if name not in values and f.default is MISSING and f.default_factory is MISSING:

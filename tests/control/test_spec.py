@@ -116,3 +116,40 @@ def test_config_check_command(tmp_path, digest):
     bad = subprocess.run([sys.executable, "-m", "inferd.cli", "config", "check",
                           str(write(tmp_path, "deployments: []"))], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 1 and "at least one" in bad.stderr
+
+
+EMBEDDING = """
+deployments:
+  - name: chat
+    model: {source: default}
+  - name: minilm
+    kind: embedding
+    model: {source: default}
+    runtime: {max_batch_tokens: 4096, max_queue_delay_ms: 1, truncate: true}
+    replicas: 2
+"""
+
+
+def test_an_embedding_deployment_takes_its_kinds_settings(tmp_path):
+    spec = load_spec(write(tmp_path, EMBEDDING))
+    minilm = spec.deployments[1]
+    assert minilm.kind == "embedding" and minilm.runtime.max_batch_tokens == 4096 and minilm.runtime.truncate
+    args = replica_args(minilm.model.source, minilm.name, minilm.runtime, kind=minilm.kind)
+    assert args[:4] == ["--kind", "embedding", "--served-model-name", "minilm"] and "--truncate" in args
+    assert spec.deployments[0].runtime.max_num_seqs == 64  # text keeps the engine's settings
+
+
+@pytest.mark.parametrize("change, error", [
+    (("max_batch_tokens: 4096", "max_num_seqs: 4"), "deployments[1].runtime.max_num_seqs: unknown field"),
+    (("kind: embedding", "kind: vision"), "deployments[1].kind: must be one of text, embedding"),
+    (("max_queue_delay_ms: 1", "max_queue_delay_ms: -1"), "deployments[1].runtime.max_queue_delay_ms: must be"),
+])
+def test_embedding_settings_are_checked_by_their_kind(tmp_path, change, error):
+    with pytest.raises(SpecError, match=error.replace("[", r"\[").replace("]", r"\]")):
+        load_spec(write(tmp_path, EMBEDDING.replace(*change)))
+
+
+def test_a_fallback_must_be_of_the_same_kind(tmp_path):
+    text = EMBEDDING.replace("    replicas: 2\n", "    replicas: 2\n    fallbacks: [chat]\n")
+    with pytest.raises(SpecError, match="is a text deployment, not embedding"):
+        load_spec(write(tmp_path, text))
