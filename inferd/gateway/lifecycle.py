@@ -172,15 +172,11 @@ class RequestPath:
             async for chunk in relay.relay_stream(response, attempt.outcome, x.arrival_s,
                                                   attempt.deployment.internal_headers, plan.usage_mode):
                 yield chunk
-        except Exception as exc:
+        except BaseException as exc:  # an API error, or the client went away (cancelled)
             if not x.attempts:
                 x.refusal = exc
             if isinstance(exc, APIError):
                 exc.headers = (exc.headers or {}) | x.headers
-            raise
-        except BaseException as exc:  # cancelled: the client went away
-            if not x.attempts:
-                x.refusal = exc
             raise
         finally:
             await self._finish(x)
