@@ -153,9 +153,10 @@ class RequestPath:
         try:
             with self._child("auth", x):
                 x.key = await self.keys.authenticate(request.headers.get("authorization"))
-            raw = await read_json(request, self.config.max_body_bytes)
+            raw = await read_json(request, min(op.max_body_bytes or self.config.max_body_bytes,
+                                               self.config.max_body_bytes))
             body = op.body_type.model_validate(raw)
-            asked = self._deployment(x.key, body.model, op)
+            asked = self._deployment(x.key, op, *_model_asked(request, op, body))
             x.priority_class = priority_class(x.key, request)
             x.deadline_s = deadline_s(x.key, request, x.arrival_s)
             deployment, plan = self._plan(x, op, asked, body, raw)
@@ -187,10 +188,11 @@ class RequestPath:
 
     # planning
 
-    def _deployment(self, key: KeyPolicy, model: str | None, op: Operation) -> Deployment:
-        deployment = self.deployments.route(model, op.kind)  # a name with a canary: its share goes there
+    def _deployment(self, key: KeyPolicy, op: Operation, model: str | None, version: str | None) -> Deployment:
+        deployment = self.deployments.route(model, op.kind, version)  # a canary's share goes there
         if deployment is None:
-            raise ModelNotFound(f"The model '{model}' does not exist.", param="model")
+            raise ModelNotFound(f"The model '{model}' does not exist" + (f" in version '{version}'." if version
+                                else "."), param="model")
         if deployment.model.kind != op.kind:
             raise InvalidRequest(f"The model '{deployment.name}' is a {deployment.model.kind} model; "
                                  f"{op.path} needs a {op.kind} model.", param="model", code="wrong_model_kind")
@@ -308,7 +310,8 @@ class RequestPath:
                                               kind=trace.SpanKind.CLIENT,
                                               attributes={"server.address": upstream.name}) if self.traced \
             else trace.INVALID_SPAN
-        response = await relay.send(self.transport, self._url(upstream, op.path), self._upstream_headers(x, attempt),
+        response = await relay.send(self.transport, self._url(upstream, plan.path or op.path),
+                                    self._upstream_headers(x, attempt),
                                     _json_bytes(plan.body), attempt.outcome)
         if response is None:
             if attempt.outcome.unreachable:
@@ -421,6 +424,13 @@ def deadline_s(key: KeyPolicy, request: Request, arrival_s: float) -> float | No
 
 
 # helpers
+
+def _model_asked(request: Request, op: Operation, body) -> tuple[str | None, str | None]:
+    """The model (and version) the request names: in its body, or in its path (op.model_param)."""
+    if op.model_param is None:
+        return body.model, None
+    return request.path_params[op.model_param], request.path_params.get("version")
+
 
 def _json_bytes(body: dict) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
