@@ -19,7 +19,9 @@ LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 # parser
 
 MODEL_HELP = {"text": "a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct)",
-              "embedding": "a sentence-transformers directory or a .zip of one (default: all-MiniLM-L6-v2)"}
+              "embedding": "a sentence-transformers directory or a .zip of one (default: all-MiniLM-L6-v2)",
+              "classical": "a .onnx, XGBoost .json/.ubj, LightGBM .txt or scikit-learn .skops file (default: the "
+                           "demo iris classifier, trained on first use)"}
 
 
 def _replica_flags(p: argparse.ArgumentParser, kind: str = "text") -> None:
@@ -47,12 +49,16 @@ def _parser(replica_kind: str = "text") -> argparse.ArgumentParser:
     serve.add_argument("--embedding-model", default="default", metavar="PATH|default|none",
                        help="also serve this embedding model, as its own deployment (default: the packaged "
                        "all-MiniLM-L6-v2; none: no embeddings)")
+    serve.add_argument("--classical-model", default="default", metavar="PATH|default|none",
+                       help="also serve this classical (tabular) model, as its own deployment (default: the demo "
+                       "iris-classifier, trained on first start; none: no classical model)")
     gateway_cli.add_gateway_flags(serve)
     replica = commands.add_parser("replica", help="one replica of a model kind behind the OpenAI API, no tenants")
     replica.add_argument("--kind", choices=KINDS, default="text", help="text: our engine (chat, completions); "
-                         "embedding: /v1/embeddings (the flags below are the kind's: see --kind K --help)")
+                         "embedding: /v1/embeddings; classical: /v1/predict and /v2 (the flags below are the kind's: see --kind "
+                         "K --help)")
     _replica_flags(replica, replica_kind)
-    _listen_flags(replica, "require 'Authorization: Bearer KEY' on /v1/* ($INFERD_API_KEY)")
+    _listen_flags(replica, "require 'Authorization: Bearer KEY' on /v1/* and /v2/* ($INFERD_API_KEY)")
     replica.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     gateway = commands.add_parser("gateway", help="the gateway alone, in front of OpenAI-compatible upstreams")
     gateway.add_argument("--upstream", action="append", required=True, help="base URL of a replica (repeatable)")
@@ -133,10 +139,22 @@ def _embedding_replica(args: argparse.Namespace) -> int:
     return 0
 
 
+def _classical_replica(args: argparse.Namespace) -> int:
+    from inferd.classical.config import ClassicalConfig
+    from inferd.classical.server import serve_classical
+    try:
+        config = config_from(ClassicalConfig, args)
+    except SettingError as exc:
+        raise SystemExit(f"inferd replica: error: {exc}")
+    serve_classical(args.model, args.host, args.port, args.api_key or None, args.served_model_name, config,
+                    args.log_level)
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     """The gateway on --port, in front of local `inferd replica` processes (one model, or a --config spec)."""
-    from inferd.control.launch import (embedding_spec, local_plans, replica_args, spec_plans, start_deployments,
-                                       stop_all)
+    from inferd.control.launch import (classical_spec, embedding_spec, local_plans, replica_args, spec_plans,
+                                       start_deployments, stop_all)
     from inferd.control.rollout import controller_for
     from inferd.control.gateway_setup import gateway_config, open_store, run_gateway
     from inferd.control.spec import ServiceSpec, SpecError, load_spec
@@ -153,6 +171,8 @@ def _serve(args: argparse.Namespace) -> int:
         plans = local_plans(args, replica_args(args.model, args.served_model_name, engine, _log_flags(args)))
         if args.embedding_model != "none":
             plans += spec_plans(ServiceSpec([embedding_spec(args.embedding_model)]), _log_flags(args))
+        if args.classical_model != "none":
+            plans += spec_plans(ServiceSpec([classical_spec(args.classical_model)]), _log_flags(args))
     config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
     store = open_store(config, args.api_key)
     try:
@@ -211,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "replica" and args.kind == "embedding":
             return _embedding_replica(args)
+        if args.command == "replica" and args.kind == "classical":
+            return _classical_replica(args)
         return {"serve": _serve, "replica": _replica, "gateway": _gateway}[args.command](args)
     except ModelLoadError as exc:
         log.error("cannot load the model: %s", exc)

@@ -1,6 +1,8 @@
 """Settings written once: a config dataclass's fields, with their help, make its command-line flags, its keys
-in a deployment spec and the arguments a replica process is started with (engine, embedding, ... configs)."""
+in a deployment spec and the arguments a replica process is started with (engine, embedding, ... configs).
+A list-valued field is JSON on the command line (`--features '[{"name": "x"}]'`) and a YAML list in a spec."""
 import argparse
+import json
 import types
 import typing
 from dataclasses import Field, field, fields
@@ -37,7 +39,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=f.default, help=help)
         else:
-            parser.add_argument(_flag(f.name), dest=f.name, type=scalar(f.type), default=f.default,
+            parser.add_argument(_flag(f.name), dest=f.name, type=_parse_json if _is_list(f.type) else scalar(f.type),
+                                default=f.default,
                                 choices=f.metadata["choices"] or None, metavar=f.metadata["metavar"], help=help)
 
 
@@ -55,13 +58,27 @@ def flags_of(config) -> list[str]:
         if f.type is bool:
             out.append(_flag(f.name) if value else f"--no-{_flag(f.name)[2:]}")
         else:
-            out += [_flag(f.name), str(value)]
+            out += [_flag(f.name), json.dumps(value) if _is_list(f.type) else str(value)]
     return out
 
 
 def scalar(hint) -> type:
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     return next(t for t in options if t is not type(None))
+
+
+def _is_list(hint) -> bool:
+    return typing.get_origin(scalar(hint)) is list
+
+
+def _parse_json(text: str):
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, list):
+        raise argparse.ArgumentTypeError("expected a JSON list")
+    return value
 
 
 def _flag(name: str) -> str:

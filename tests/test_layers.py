@@ -16,13 +16,15 @@ ALLOWED = {
     "gateway": {"protocol", "router", "telemetry"},
     "replica": {"protocol", "engine", "models", "telemetry"},
     "embeddings": {"protocol", "replica", "models", "telemetry"},  # the replica of the embedding kind
-    "control": {"protocol", "gateway", "replica", "embeddings", "router", "models", "engine", "telemetry"},
+    "classical": {"protocol", "replica", "models", "telemetry"},  # the replica of the classical (tabular) kind
+    "control": {"protocol", "gateway", "replica", "embeddings", "classical", "router", "models", "engine",
+                "telemetry"},
     "bench": {"models"},  # prompts of a given length in the model's tokens
     "settings": set(),
 }
 EVERYONE = ("settings",)  # inferd/settings.py: config fields to flags; it imports nothing of inferd
 DATA_PATH = ("gateway", "router", "protocol")  # what a request passes through before a replica
-NEVER_FROM_DATA_PATH = ("control", "engine", "models", "replica", "embeddings", "cli")
+NEVER_FROM_DATA_PATH = ("control", "engine", "models", "replica", "embeddings", "classical", "cli")
 
 
 def _module(path: Path) -> str:

@@ -5,19 +5,25 @@ The loaders import torch, so they are imported where used: `inferd keys ...` and
 import functools
 from pathlib import Path
 
+from inferd.classical.config import ClassicalConfig
 from inferd.embeddings.config import EmbeddingConfig
 from inferd.engine.config import EngineConfig
-from inferd.gateway.deployments import EmbeddingModel, ModelKind, TextModel
+from inferd.gateway.deployments import ClassicalModel, EmbeddingModel, ModelKind, TextModel
+from inferd.protocol.classical import TabularSchema
 from inferd.protocol.embeddings import EmbeddingShape
 
-SETTINGS: dict[str, type] = {"text": EngineConfig, "embedding": EmbeddingConfig}
+SETTINGS: dict[str, type] = {"text": EngineConfig, "embedding": EmbeddingConfig, "classical": ClassicalConfig}
+Settings = EngineConfig | EmbeddingConfig | ClassicalConfig
 KINDS = tuple(SETTINGS)
 
 
 def default_source(kind: str) -> Path:
+    """The kind's packaged model (classical: the demo iris classifier, trained here on first use)."""
+    from inferd.classical.demo import demo_model_path
     from inferd.models.loader import default_model_path
     from inferd.models.sentence import default_embedding_model_path
-    return {"text": default_model_path, "embedding": default_embedding_model_path}[kind]()
+    return {"text": default_model_path, "embedding": default_embedding_model_path,
+            "classical": demo_model_path}[kind]()
 
 
 def source_path(kind: str, source: str | None) -> Path:
@@ -32,12 +38,18 @@ def gateway_model(card: dict, tokenizer_source: str | None = None, max_model_len
         shape = EmbeddingShape(card["dimensions"], card["max_input_tokens"], card["num_special_tokens"],
                                bool(card.get("matryoshka")))
         return EmbeddingModel(_embedding_tokenizer(source), shape, bool(card.get("truncate")))
+    if card.get("kind") == "classical":
+        return ClassicalModel(TabularSchema.from_dict(card["schema"]), card.get("format", ""), card.get("platform", ""))
     return TextModel(_text_tokenizer(source), max_model_len or card.get("max_model_len") or 8192)
 
 
-def model_from_files(kind: str, source: str | None, settings: EngineConfig | EmbeddingConfig) -> ModelKind:
+def model_from_files(kind: str, source: str | None, settings: Settings) -> ModelKind:
     """The gateway's part of a deployment before any replica answers (scaled to zero), from the model files."""
     path = source_path(kind, source)
+    if kind == "classical":
+        from inferd.classical.formats import load_classical_model
+        files = load_classical_model(path, settings)
+        return ClassicalModel(files.schema, files.format, files.platform)
     if kind == "embedding":
         from inferd.embeddings.runtime import special_tokens
         from inferd.models.sentence import load_embedding_model

@@ -11,9 +11,7 @@ from inferd.control.placement import make_replica
 from inferd.control.pool import ReplicaPool, per_replica_slots
 from inferd.control.replicas import ReplicaHandle, ReplicaProcess
 from inferd.control.spec import DeploymentSpec, ModelSpec, ServiceSpec
-from inferd.control.kinds import model_from_files
-from inferd.embeddings.config import EmbeddingConfig
-from inferd.engine.config import EngineConfig
+from inferd.control.kinds import Settings, model_from_files
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.models.sentence import DEFAULT_EMBEDDING_NAME
 from inferd.gateway.config import GatewayConfig
@@ -54,7 +52,14 @@ def embedding_spec(source: str = "default") -> DeploymentSpec:
     return DeploymentSpec(name=name, kind="embedding", model=ModelSpec(source))
 
 
-def replica_args(model: str | None, served_model_name: str | None, settings: EngineConfig | EmbeddingConfig,
+def classical_spec(source: str = "default") -> DeploymentSpec:
+    """`inferd serve`'s classical deployment: the demo iris classifier by default (trained on first start)."""
+    from inferd.classical.demo import DEMO_NAME
+    name = DEMO_NAME if source == "default" else Path(source).name.rsplit(".", 1)[0]
+    return DeploymentSpec(name=name, kind="classical", model=ModelSpec(source))
+
+
+def replica_args(model: str | None, served_model_name: str | None, settings: Settings,
                  log_flags: Sequence[str] = (), kind: str = "text") -> list[str]:
     """`inferd replica` arguments: the kind, the model (None or "default": the packaged one), its name, and
     the kind's settings."""

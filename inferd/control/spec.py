@@ -12,9 +12,7 @@ from typing import Any
 
 import yaml
 
-from inferd.control.kinds import KINDS, SETTINGS, source_path
-from inferd.embeddings.config import EmbeddingConfig
-from inferd.engine.config import EngineConfig
+from inferd.control.kinds import KINDS, SETTINGS, Settings, source_path
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.config import ModelPrice
 from inferd.gateway.degrade import DEGRADE_ACTIONS, DegradationSpec, DegradationStep
@@ -89,11 +87,11 @@ class RolloutSpec:
 @dataclass(slots=True)
 class DeploymentSpec:
     name: str
-    kind: str = "text"  # one of kinds.KINDS: text (chat, completions) | embedding
+    kind: str = "text"  # one of kinds.KINDS: text (chat, completions) | embedding | classical (tabular)
     version: str = "v1"
     role: str = "stable"  # or "canary": a second version of a stable deployment's name
     model: ModelSpec | None = None
-    runtime: EngineConfig | EmbeddingConfig | None = None  # the kind's settings (kinds.SETTINGS); None: defaults
+    runtime: Settings | None = None  # the kind's settings (kinds.SETTINGS); None: defaults
     replicas: int = 1  # replicas at start (within autoscaling's min and max when it is set)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     autoscaling: AutoscalingSpec | None = None
@@ -221,6 +219,8 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
             raise SpecError(f"{where}.placement: num_cpus must be above 0 and num_gpus at least 0")
         if verify_digests:
             _check_digest(d.kind, d.model, f"{where}.model")
+        if d.kind == "classical":
+            _check_classical(d, where)
 
 
 def _check_canary(spec: ServiceSpec, d: DeploymentSpec, where: str) -> None:
@@ -290,7 +290,21 @@ def _check_degradation(g: DegradationSpec, others: set[str], where: str) -> None
         raise SpecError(f"{where}: overload_queue_age_ms must be above 0 and sustain_s at least 0")
 
 
-def _check_runtime(r: EngineConfig | EmbeddingConfig, where: str) -> None:
+def _check_classical(d: DeploymentSpec, where: str) -> None:
+    """What a classical replica would refuse at load: an unknown format, a pickle without its opt-in."""
+    from inferd.classical.formats import FORMATS
+    if d.model.source == "default":
+        return
+    path = Path(d.model.source).expanduser()
+    kind = FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise SpecError(f"{where}.model.source: unknown format {path.suffix!r} (known: {', '.join(sorted(FORMATS))})")
+    if kind == "pickle" and not (d.runtime.allow_pickle and d.runtime.pickle_sha256):
+        raise SpecError(f"{where}.runtime.allow_pickle: {path.name} is a pickle, which runs code when loaded; it "
+                        "needs allow_pickle: true and its pickle_sha256")
+
+
+def _check_runtime(r: Settings, where: str) -> None:
     """What depends on this machine; the values themselves the settings' own type checks."""
     m = getattr(r, "speculative_model", None)
     if m is not None and not (m.startswith("layers:") and m[7:].isdigit()) and not Path(m).expanduser().exists():

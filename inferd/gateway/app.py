@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from inferd.gateway import admin, embeddings, text
+from inferd.gateway import admin, classical, embeddings, text
 from inferd.gateway.auth import KeyCache
 from inferd.gateway.charges import Charges
 from inferd.gateway.config import GatewayConfig
@@ -120,8 +120,8 @@ class GatewayRoutes:
 
     def routes(self) -> list[Route]:
         serving = [Route(op.path, self._serve(op), methods=["POST"])
-                   for op in (*text.OPERATIONS, *embeddings.OPERATIONS)]
-        return [Route("/v1/models", self.models, methods=["GET"]), *serving,
+                   for op in (*text.OPERATIONS, *embeddings.OPERATIONS, *classical.OPERATIONS)]
+        return [Route("/v1/models", self.models, methods=["GET"]), *serving, *classical.OIPRoutes(self.gw).routes(),
                 Route("/health", self.health, methods=["GET"]),
                 Route("/ready", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"])] + admin.routes(self.gw)

@@ -24,10 +24,11 @@ class Plan:
     max_output_tokens: int  # per choice
     num_outputs: int  # prompts × n
     cost_usd: float
-    body: dict  # what the upstream gets
+    body: dict | None  # what the upstream gets (None: the client's body, byte for byte)
     stream: bool
     usage_mode: str = "none"  # what the client asked of a stream: none, final (include_usage) or continuous
     prompt_ids: list[int] = field(default_factory=list)  # the (first) prompt's tokens, for the router
+    path: str | None = None  # the replica's path, when not the operation's (the model named in it: /v2/...)
 
     @property
     def reserved_tokens(self) -> int:
@@ -90,14 +91,16 @@ def budget_period(period: str, now_unix_s: float) -> tuple[float, float]:
 
 
 def check_request_limits(key: KeyPolicy, model: str, prompt_tokens: int, requested_output: int | None,
-                         param: str) -> int | None:
-    """Raises if the request is bigger than allowed; returns the output cap to apply (None: no cap)."""
+                         param: str, unit: str = "tokens") -> int | None:
+    """Raises if the request is bigger than allowed; returns the output cap to apply (None: no cap). A
+    classical request's rows count as its input tokens (unit "rows")."""
     scopes: list[Limits] = [key.tenant.limits, key.limits, key.tenant.model_limits.get(model, Limits())]
     max_in = min((s.max_input_tokens for s in scopes if s.max_input_tokens), default=None)
     max_out = min((s.max_output_tokens for s in scopes if s.max_output_tokens), default=None)
     if max_in is not None and prompt_tokens > max_in:
-        raise InvalidRequest(f"The prompt has {prompt_tokens} tokens; your limit is {max_in} input tokens "
-                             "per request.", param=param, code="max_input_tokens")
+        what = "The prompt has" if unit == "tokens" else "The request has"
+        raise InvalidRequest(f"{what} {prompt_tokens} {unit}; your limit is {max_in} input {unit} per request.",
+                             param=param, code="max_input_tokens")
     if max_out is not None and requested_output is not None and requested_output > max_out:
         raise InvalidRequest(f"max_tokens is {requested_output}; your limit is {max_out} output tokens per "
                              "request.", param="max_tokens", code="max_output_tokens")

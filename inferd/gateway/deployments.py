@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from inferd.gateway.admission import AdmissionQueue
 from inferd.gateway.degrade import Degrader
+from inferd.protocol.classical import TabularSchema
 from inferd.protocol.embeddings import BatchTokenizer, EmbeddingShape
 from inferd.protocol.tokenizer import Tokenizer
 from inferd.router.router import Router
@@ -39,7 +40,20 @@ class EmbeddingModel:
                 "matryoshka": s.matryoshka}
 
 
-ModelKind = TextModel | EmbeddingModel
+@dataclass(slots=True, frozen=True)
+class ClassicalModel:
+    """The classical kind's part: the input schema requests are checked against (rows are what it counts)."""
+    schema: TabularSchema
+    format: str = ""  # onnx | xgboost | lightgbm | skops | pickle
+    platform: str = ""  # the Open Inference Protocol's name for what runs it
+    kind: str = "classical"
+
+    def card(self) -> dict:
+        return {"kind": self.kind, "task": self.schema.task, "format": self.format, "platform": self.platform,
+                "schema": self.schema.as_dict()}
+
+
+ModelKind = TextModel | EmbeddingModel | ClassicalModel
 
 
 @dataclass(slots=True, eq=False)
@@ -114,6 +128,10 @@ class Deployments:
     def get(self, name: str) -> Deployment | None:
         return self.by_name.get(name)
 
+    def versions(self, name: str) -> list[Deployment]:
+        """The stable version of name, then its canary if it has one."""
+        return [d for d in (self.by_name.get(name), self.canaries.get(name)) if d is not None]
+
     def every(self) -> list[Deployment]:
         """Every deployment, canaries included."""
         return [*self.by_name.values(), *self.canaries.values()]
@@ -124,10 +142,12 @@ class Deployments:
             return not x.upstreams or any(u.healthy for u in x.upstreams)
         return up(d) or any(up(f) for f in map(self.by_name.get, d.fallbacks) if f is not None)
 
-    def route(self, name: str | None, kind: str = "text") -> Deployment | None:
+    def route(self, name: str | None, kind: str = "text", version: str | None = None) -> Deployment | None:
         """The version that serves one request for `name` (None: the kind's first deployment): every
-        1/weight-th goes to its canary, the rest to the stable one."""
+        1/weight-th goes to its canary, the rest to the stable one; a request that names a version gets it."""
         stable = self.get(name or self.defaults.get(kind, ""))
+        if version is not None:
+            return next((d for d in self.versions(stable.name) if d.version == version), None) if stable else None
         weight = self.weights.get(stable.name, 0.0) if stable is not None else 0.0
         if weight <= 0:
             return stable

@@ -1,7 +1,11 @@
 """What the request path asks of a model kind: its operations (route, body type) and how it plans them.
 
+An operation's model is the body's `model`, or a path parameter (the Open Inference Protocol's
+/v2/models/{name}[/versions/{version}]/infer: a `version` parameter picks that version of the name).
+
 The lifecycle (lifecycle.py) is written once; each kind's module (text.py, ...) lists its operations.
 """
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,3 +29,6 @@ class Operation:
     kind: str  # the deployment kind that serves it (Deployment.model.kind)
     plan: Planner
     cap_output: OutputCap | None = None  # None: the kind has no output to cap
+    model_param: str | None = None  # the path parameter naming the model (None: the body's `model`)
+    max_body_bytes: int | None = None  # the kind's own cap, below the gateway's
+    decode: Callable[[bytes], Any] = json.loads  # the body's parser

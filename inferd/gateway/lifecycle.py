@@ -38,7 +38,7 @@ from inferd.gateway.usage import UsageRecord
 from inferd.protocol import headers
 from inferd.protocol.errors import (APIError, DeadlineExceeded, DeadlineUnmeetable, InvalidRequest, ModelNotFound,
                                     Overloaded, PermissionDenied, to_api_error)
-from inferd.protocol.http import cancelled_on_disconnect, read_json
+from inferd.protocol.http import cancelled_on_disconnect, read_body
 from inferd.protocol.sse import SSEResponse
 from inferd.telemetry.gateway_metrics import GatewayMetrics
 
@@ -99,6 +99,7 @@ class Exchange:
     attempts: list[Attempt] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)  # said on every response (degraded, fallback)
     refusal: BaseException | None = None  # what ended it before any attempt
+    content: bytes = b""  # the client's body, as it came (a plan without a body of its own forwards it)
 
     def begin(self, plan: Plan, admission: Admission) -> Attempt:
         attempt = Attempt(len(self.attempts) + 1, plan, admission)
@@ -153,9 +154,11 @@ class RequestPath:
         try:
             with self._child("auth", x):
                 x.key = await self.keys.authenticate(request.headers.get("authorization"))
-            raw = await read_json(request, self.config.max_body_bytes)
+            x.content = await read_body(request, min(op.max_body_bytes or self.config.max_body_bytes,
+                                                     self.config.max_body_bytes))
+            raw = op.decode(x.content)
             body = op.body_type.model_validate(raw)
-            asked = self._deployment(x.key, body.model, op)
+            asked = self._deployment(x.key, op, *_model_asked(request, op, body))
             x.priority_class = priority_class(x.key, request)
             x.deadline_s = deadline_s(x.key, request, x.arrival_s)
             deployment, plan = self._plan(x, op, asked, body, raw)
@@ -183,10 +186,11 @@ class RequestPath:
 
     # planning
 
-    def _deployment(self, key: KeyPolicy, model: str | None, op: Operation) -> Deployment:
-        deployment = self.deployments.route(model, op.kind)  # a name with a canary: its share goes there
+    def _deployment(self, key: KeyPolicy, op: Operation, model: str | None, version: str | None) -> Deployment:
+        deployment = self.deployments.route(model, op.kind, version)  # a canary's share goes there
         if deployment is None:
-            raise ModelNotFound(f"The model '{model}' does not exist.", param="model")
+            raise ModelNotFound(f"The model '{model}' does not exist" + (f" in version '{version}'." if version
+                                else "."), param="model")
         if deployment.model.kind != op.kind:
             raise InvalidRequest(f"The model '{deployment.name}' is a {deployment.model.kind} model; "
                                  f"{op.path} needs a {op.kind} model.", param="model", code="wrong_model_kind")
@@ -304,8 +308,9 @@ class RequestPath:
                                               kind=trace.SpanKind.CLIENT,
                                               attributes={"server.address": upstream.name}) if self.traced \
             else trace.INVALID_SPAN
-        response = await relay.send(self.transport, self._url(upstream, op.path), self._upstream_headers(x, attempt),
-                                    _json_bytes(plan.body), attempt.outcome)
+        response = await relay.send(self.transport, self._url(upstream, plan.path or op.path),
+                                    self._upstream_headers(x, attempt),
+                                    x.content if plan.body is None else _json_bytes(plan.body), attempt.outcome)
         if response is None:
             if attempt.outcome.unreachable:
                 upstream.healthy = False  # out of routing until its /ready answers again
@@ -417,6 +422,13 @@ def deadline_s(key: KeyPolicy, request: Request, arrival_s: float) -> float | No
 
 
 # helpers
+
+def _model_asked(request: Request, op: Operation, body) -> tuple[str | None, str | None]:
+    """The model (and version) the request names: in its body, or in its path (op.model_param)."""
+    if op.model_param is None:
+        return body.model, None
+    return request.path_params[op.model_param], request.path_params.get("version")
+
 
 def _json_bytes(body: dict) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()

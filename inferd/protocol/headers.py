@@ -1,4 +1,5 @@
 """Header names and the values they carry between client, gateway and replica, parsed in one place."""
+import json
 from typing import Literal, get_args
 
 from inferd.protocol.errors import InvalidRequest
@@ -38,3 +39,11 @@ def priority_class(raw: str | None) -> PriorityClass | None:
     if raw not in PRIORITY_CLASSES:
         raise InvalidRequest(f"{PRIORITY} must be one of {', '.join(PRIORITY_CLASSES)}", param=PRIORITY)
     return raw
+
+
+def usage_headers(prompt_tokens: int, completion_tokens: int = 0) -> dict[str, str]:
+    """A unary answer's USAGE header (the usage object the gateway counts); a classical answer's rows count
+    as its prompt tokens."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens}
+    return {USAGE: json.dumps(usage, separators=(",", ":"))}

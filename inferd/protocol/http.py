@@ -1,4 +1,7 @@
-"""What every route of gateway and replica shares: request id, API key, body reading, disconnects, errors."""
+"""What every route of gateway and replica shares: request id, API key, body reading, disconnects, errors.
+
+Errors take the shape of the API they answer: the Open Inference Protocol's (`{"error": "..."}`) under
+/v2/, OpenAI's everywhere else."""
 import asyncio
 import hmac
 import json
@@ -16,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from inferd.protocol.errors import (APIError, AuthenticationFailed, ClientClosedRequest, PayloadTooLarge,
                                     error_response, to_api_error)
 from inferd.protocol.headers import REQUEST_ID as REQUEST_ID_HEADER
+from inferd.protocol.oip import oip_error_response
 
 T = TypeVar("T")
 
@@ -25,7 +29,8 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 # request id, authentication and the error shape for every response
 
 class RequestContextMiddleware:
-    """Request id in and out, API key check on /v1/*, and the error shape for whatever escapes a route."""
+    """Request id in and out, API key check on /v1/* and /v2/*, and the error shape for whatever escapes a
+    route."""
 
     def __init__(self, app: ASGIApp, api_key: str | None,
                  map_error: Callable[[BaseException], APIError] = to_api_error):
@@ -56,10 +61,10 @@ class RequestContextMiddleware:
         except Exception as exc:
             if started:
                 raise
-            await error_response(exc, self.map_error)(scope, receive, send_with_id)
+            await error_response_for(scope["path"], exc, self.map_error)(scope, receive, send_with_id)
 
     def _authenticate(self, path: str, authorization: bytes) -> None:
-        if self.api_key is None or not path.startswith("/v1/"):
+        if self.api_key is None or not path.startswith(("/v1/", "/v2/")) and path != "/v2":
             return
         scheme, _, key = authorization.partition(b" ")
         if scheme.lower() != b"bearer" or not key:
@@ -74,19 +79,29 @@ def _request_id(raw: bytes) -> str:
 
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
-    return error_response(exc)
+    return error_response_for(request.url.path, exc)
+
+
+def error_response_for(path: str, exc: BaseException, map_error=to_api_error) -> Response:
+    if path == "/v2" or path.startswith("/v2/"):
+        return oip_error_response(exc, map_error)
+    return error_response(exc, map_error)
 
 
 # request bodies and disconnects
 
 async def read_json(request: Request, max_body_bytes: int) -> Any:
+    return json.loads(await read_body(request, max_body_bytes))
+
+
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_body_bytes:
             raise PayloadTooLarge(f"The request body is larger than {max_body_bytes} bytes.")
         chunks.append(chunk)
-    return json.loads(b"".join(chunks))
+    return b"".join(chunks)
 
 
 async def _wait_for_disconnect(request: Request) -> None:

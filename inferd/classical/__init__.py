@@ -1,0 +1,1 @@
+"""The classical (tabular) kind's replica: ONNX, XGBoost, LightGBM and scikit-learn models over the batcher."""

@@ -1,0 +1,184 @@
+"""A classical replica: POST /v1/predict, the Open Inference Protocol's /v2 routes (oip.py), /v1/models,
+/health, /ready (after a real prediction) and /metrics. Errors: OpenAI's shape on /v1, the OIP's on /v2
+(protocol/http.py picks it by path)."""
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import uvicorn
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from inferd.classical.answers import predict_response
+from inferd.classical.config import ClassicalConfig
+from inferd.classical.metrics import ClassicalMetrics
+from inferd.classical.oip import OIPRoutes
+from inferd.classical.runtime import Answer, ClassicalRuntime
+from inferd.protocol import headers
+from inferd.protocol.classical import MAX_PREDICT_BODY_BYTES, PredictRequest, decode_body, feature_matrix
+from inferd.protocol.errors import APIError, ClientClosedRequest, DeadlineExceeded, ModelNotFound
+from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_body, unless_disconnected
+
+log = logging.getLogger(__name__)
+
+INLINE_ROWS = 256  # a request with more rows is checked in a thread, off the event loop
+
+
+@dataclass(slots=True)
+class Readiness:
+    ready: bool = False
+    loaded_unix_s: float | None = None  # when the model was loaded (cold start)
+    warm_unix_s: float | None = None  # when the readiness prediction finished
+
+
+class ClassicalRoutes:
+    def __init__(self, runtime: ClassicalRuntime, metrics: ClassicalMetrics, readiness: Readiness,
+                 max_body_bytes: int = MAX_PREDICT_BODY_BYTES):
+        self.runtime, self.metrics, self.readiness, self.max_body_bytes = runtime, metrics, readiness, max_body_bytes
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/predict", self.predict, methods=["POST"]),
+                Route("/v1/models", self.list_models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/ready", self.ready, methods=["GET"]),
+                Route("/metrics", self.render_metrics, methods=["GET"]), *OIPRoutes(self).routes()]
+
+    async def predict(self, request: Request) -> Response:
+        return await self.observed("v1", request, self._predict(request))
+
+    async def observed(self, api: str, request: Request, work) -> Response:
+        """Runs work (-> response, rows), counting its outcome."""
+        try:
+            response, rows = await work
+        except BaseException as exc:
+            self.metrics.observe_request(api, _outcome(exc))
+            raise
+        self.metrics.observe_request(api, "completed", rows, time.monotonic() - request.state.arrival_s)
+        return response
+
+    async def _predict(self, request: Request) -> tuple[Response, int]:
+        body = PredictRequest.model_validate(decode_body(await read_body(request, self.max_body_bytes)))
+        name = self.runtime.info.name
+        if body.model is not None and body.model != name:
+            raise ModelNotFound(f"The model '{body.model}' does not exist; this server serves '{name}'.",
+                                param="model")
+        rows = await self.off_loop(body.num_rows, feature_matrix, self.runtime.schema, body)
+        answer = await self.run(request, rows)
+        return predict_response(name, answer), len(rows)
+
+    async def run(self, request: Request, rows: np.ndarray) -> Answer:
+        priority = headers.priority_class(request.headers.get(headers.PRIORITY)) or "interactive"
+        return await unless_disconnected(request, self.runtime.predict(rows, priority, _deadline_s(request)))
+
+    @staticmethod
+    async def off_loop(rows: int, fn, *args):
+        return fn(*args) if rows <= INLINE_ROWS else await asyncio.to_thread(fn, *args)
+
+    async def list_models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self.card()]})
+
+    def card(self) -> dict:
+        i = self.runtime.info
+        return {"id": i.name, "object": "model", "created": int(self.readiness.loaded_unix_s or time.time()),
+                "owned_by": "inferd", "kind": "classical", "task": self.runtime.task, "format": i.format,
+                "platform": i.platform, "library": i.library, "version": i.version,
+                "schema": self.runtime.schema.as_dict(), "max_batch_rows": self.runtime.config.max_batch_rows,
+                "source_path": i.source_path, "digests": i.digests}
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        r = self.readiness
+        body = {"loaded_unix_s": r.loaded_unix_s, "warm_unix_s": r.warm_unix_s,
+                "queue_rows": self.runtime.batcher.queued_cost}
+        if r.ready:
+            return JSONResponse({"status": "ready"} | body)
+        return JSONResponse({"status": "not ready"} | body, status_code=503)
+
+    async def render_metrics(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _deadline_s(request: Request) -> float | None:
+    """DEADLINE_MS (from the gateway: the milliseconds left) on the monotonic clock."""
+    ms = headers.deadline_ms(request.headers.get(headers.DEADLINE_MS))
+    return None if ms is None else request.state.arrival_s + ms / 1000
+
+
+def _outcome(exc: BaseException) -> str:
+    match exc:
+        case DeadlineExceeded():
+            return "expired"
+        case ClientClosedRequest() | asyncio.CancelledError():
+            return "cancelled"
+        case APIError() if exc.status < 500 or exc.status == 503:
+            return "rejected"
+    return "failed"
+
+
+# the app and its life
+
+def build_classical_app(runtime: ClassicalRuntime, metrics: ClassicalMetrics, *, api_key: str | None = None,
+                        loaded_unix_s: float | None = None) -> Starlette:
+    """runtime's batcher should report to metrics.observe_batch (ClassicalRuntime's on_batch)."""
+    readiness = Readiness(loaded_unix_s=loaded_unix_s or time.time())
+    metrics.watch_queue(runtime.batcher)
+    return Starlette(routes=ClassicalRoutes(runtime, metrics, readiness).routes(),
+                     lifespan=_lifespan(runtime, readiness),
+                     middleware=[Middleware(RequestContextMiddleware, api_key=api_key)],
+                     exception_handlers={HTTPException: http_exception_handler})
+
+
+def _lifespan(runtime: ClassicalRuntime, readiness: Readiness):
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        runtime.start()
+        probe = asyncio.create_task(_readiness_probe(runtime, readiness))
+        try:
+            yield
+        finally:
+            probe.cancel()
+            readiness.ready = False
+            await runtime.stop()
+    return lifespan
+
+
+async def _readiness_probe(runtime: ClassicalRuntime, readiness: Readiness) -> None:
+    try:
+        predictions, probabilities = await runtime.predict(runtime.readiness_rows())
+        if len(predictions) != 1 or probabilities is not None and probabilities.shape[0] != 1:
+            raise RuntimeError(f"the readiness prediction came out as {predictions!r}")
+    except Exception as exc:
+        log.error("readiness prediction failed: %s: %s", type(exc).__name__, exc)
+        return
+    gc.collect()
+    gc.freeze()  # what start-up made (libraries, the model) is never walked by a full collection again
+    readiness.warm_unix_s = time.time()
+    readiness.ready = True
+    log.info("classical replica ready: model=%s format=%s task=%s features=%d", runtime.info.name,
+             runtime.info.format, runtime.task, len(runtime.schema.features))
+
+
+def serve_classical(model_source: str | Path | None = None, host: str = "127.0.0.1", port: int = 8000,
+                    api_key: str | None = None, served_model_name: str | None = None,
+                    config: ClassicalConfig | None = None, log_level: str = "info") -> None:
+    """Load the model (None: the demo iris classifier, trained on first use), then serve it until interrupted."""
+    metrics = ClassicalMetrics()
+    runtime = ClassicalRuntime.load(model_source, config, served_model_name, on_batch=metrics.observe_batch)
+    app = build_classical_app(runtime, metrics, api_key=api_key, loaded_unix_s=time.time())
+    log.info("serving %s (%s, sha256 %s) on http://%s:%d", runtime.info.name, runtime.info.format,
+             runtime.info.digests["model"], host, port)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=None,
+                access_log=log_level == "debug", timeout_graceful_shutdown=5)
