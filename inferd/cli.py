@@ -58,7 +58,7 @@ def _parser(replica_kind: str = "text") -> argparse.ArgumentParser:
                          "embedding: /v1/embeddings; classical: /v1/predict and /v2 (the flags below are the kind's: see --kind "
                          "K --help)")
     _replica_flags(replica, replica_kind)
-    _listen_flags(replica, "require 'Authorization: Bearer KEY' on /v1/* ($INFERD_API_KEY)")
+    _listen_flags(replica, "require 'Authorization: Bearer KEY' on /v1/* and /v2/* ($INFERD_API_KEY)")
     replica.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     gateway = commands.add_parser("gateway", help="the gateway alone, in front of OpenAI-compatible upstreams")
     gateway.add_argument("--upstream", action="append", required=True, help="base URL of a replica (repeatable)")

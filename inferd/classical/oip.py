@@ -7,11 +7,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from inferd.classical.answers import json_ready, json_response
 from inferd.protocol import headers
+from inferd.protocol.classical import decode_body
 from inferd.protocol.errors import NotFound
-from inferd.protocol.http import read_json
-from inferd.protocol.oip import (InferRequest, infer_matrix, infer_response, model_metadata, requested_outputs,
-                                 MAX_BODY_BYTES)
+from inferd.protocol.http import read_body
+from inferd.protocol.oip import (MAX_BODY_BYTES, InferRequest, infer_matrix, infer_response, model_metadata,
+                                 requested_outputs)
 
 if TYPE_CHECKING:
     from inferd.classical.server import ClassicalRoutes
@@ -59,16 +61,15 @@ class OIPRoutes:
 
     async def _infer(self, request: Request) -> tuple[Response, int]:
         self._check_model(request)
-        body = InferRequest.model_validate(await read_json(request, MAX_BODY_BYTES))
+        body = InferRequest.model_validate(decode_body(await read_body(request, MAX_BODY_BYTES)))
         schema = self.runtime.schema
         outputs = requested_outputs(schema, body)
         rows = await self.v1.off_loop(body.num_rows, infer_matrix, schema, body)
         predictions, probabilities = await self.v1.run(request, rows)
         i = self.runtime.info
-        answer = await self.v1.off_loop(len(rows), lambda: infer_response(
-            i.name, i.version, body.id, outputs, schema, predictions.tolist(),
-            None if probabilities is None else probabilities.astype("float64").tolist()))
-        return JSONResponse(answer, headers=headers.usage_headers(len(rows))), len(rows)
+        answer = infer_response(i.name, i.version, body.id, outputs, schema, json_ready(predictions),
+                                None if probabilities is None else json_ready(probabilities))
+        return json_response(answer, extra_headers=headers.usage_headers(len(rows))), len(rows)
 
     def _check_model(self, request: Request) -> None:
         name, version = request.path_params["name"], request.path_params.get("version")

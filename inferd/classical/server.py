@@ -2,6 +2,7 @@
 /health, /ready (after a real prediction) and /metrics. Errors: OpenAI's shape on /v1, the OIP's on /v2
 (protocol/http.py picks it by path)."""
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -19,18 +20,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from inferd.classical.answers import predict_response
 from inferd.classical.config import ClassicalConfig
 from inferd.classical.metrics import ClassicalMetrics
 from inferd.classical.oip import OIPRoutes
 from inferd.classical.runtime import Answer, ClassicalRuntime
 from inferd.protocol import headers
-from inferd.protocol.classical import MAX_PREDICT_BODY_BYTES, PredictRequest, feature_matrix
+from inferd.protocol.classical import MAX_PREDICT_BODY_BYTES, PredictRequest, decode_body, feature_matrix
 from inferd.protocol.errors import APIError, ClientClosedRequest, DeadlineExceeded, ModelNotFound
-from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_json, unless_disconnected
+from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_body, unless_disconnected
 
 log = logging.getLogger(__name__)
 
-INLINE_ROWS = 256  # a request with more rows is checked and rendered in a thread, off the event loop
+INLINE_ROWS = 256  # a request with more rows is checked in a thread, off the event loop
 
 
 @dataclass(slots=True)
@@ -66,14 +68,14 @@ class ClassicalRoutes:
         return response
 
     async def _predict(self, request: Request) -> tuple[Response, int]:
-        body = PredictRequest.model_validate(await read_json(request, self.max_body_bytes))
+        body = PredictRequest.model_validate(decode_body(await read_body(request, self.max_body_bytes)))
         name = self.runtime.info.name
         if body.model is not None and body.model != name:
             raise ModelNotFound(f"The model '{body.model}' does not exist; this server serves '{name}'.",
                                 param="model")
         rows = await self.off_loop(body.num_rows, feature_matrix, self.runtime.schema, body)
         answer = await self.run(request, rows)
-        return await self.off_loop(len(rows), predict_response, name, answer), len(rows)
+        return predict_response(name, answer), len(rows)
 
     async def run(self, request: Request, rows: np.ndarray) -> Answer:
         priority = headers.priority_class(request.headers.get(headers.PRIORITY)) or "interactive"
@@ -107,15 +109,6 @@ class ClassicalRoutes:
 
     async def render_metrics(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-
-def predict_response(model: str, answer: Answer) -> JSONResponse:
-    predictions, probabilities = answer
-    body = {"object": "list", "model": model, "predictions": predictions.tolist()}
-    if probabilities is not None:
-        body["probabilities"] = probabilities.tolist()
-    body["usage"] = {"rows": len(predictions)}
-    return JSONResponse(body, headers=headers.usage_headers(len(predictions)))  # rows, as the gateway counts
 
 
 def _deadline_s(request: Request) -> float | None:
@@ -170,6 +163,8 @@ async def _readiness_probe(runtime: ClassicalRuntime, readiness: Readiness) -> N
     except Exception as exc:
         log.error("readiness prediction failed: %s: %s", type(exc).__name__, exc)
         return
+    gc.collect()
+    gc.freeze()  # what start-up made (libraries, the model) is never walked by a full collection again
     readiness.warm_unix_s = time.time()
     readiness.ready = True
     log.info("classical replica ready: model=%s format=%s task=%s features=%d", runtime.info.name,

@@ -24,7 +24,7 @@ class Plan:
     max_output_tokens: int  # per choice
     num_outputs: int  # prompts × n
     cost_usd: float
-    body: dict  # what the upstream gets
+    body: dict | None  # what the upstream gets (None: the client's body, byte for byte)
     stream: bool
     usage_mode: str = "none"  # what the client asked of a stream: none, final (include_usage) or continuous
     prompt_ids: list[int] = field(default_factory=list)  # the (first) prompt's tokens, for the router

@@ -16,7 +16,7 @@ from inferd.gateway.config import ModelPrice
 from inferd.gateway.deployments import ClassicalModel, Deployment
 from inferd.gateway.kinds import Operation
 from inferd.gateway.policy import KeyPolicy
-from inferd.protocol.classical import MAX_PREDICT_BODY_BYTES, PredictRequest, feature_matrix
+from inferd.protocol.classical import MAX_PREDICT_BODY_BYTES, PredictRequest, decode_body, feature_matrix
 from inferd.protocol.errors import NotFound
 from inferd.protocol.oip import InferRequest, infer_matrix, model_metadata, requested_outputs
 
@@ -26,32 +26,34 @@ V2_VERSION = "/v2/models/{name}/versions/{version}"
 
 
 def plan_predict(d: Deployment, key: KeyPolicy, body: PredictRequest, raw: dict, price: ModelPrice) -> Plan:
-    """Every row checked as the replica checks it (a 400 naming the field), then counted."""
+    """Every row checked as the replica checks it (a 400 naming the field), then counted. The replica gets
+    the client's bytes unless the model it knows the deployment by must be written in."""
     feature_matrix(d.model.schema, body)
-    return _plan(d, key, body.num_rows, dict(raw, model=d.upstream_model or d.name), price, "inputs")
+    upstream = d.upstream_model or d.name
+    return _plan(d, key, body.num_rows, None if body.model in (None, upstream) else dict(raw, model=upstream),
+                 price, "inputs")
 
 
 def plan_infer(d: Deployment, key: KeyPolicy, body: InferRequest, raw: dict, price: ModelPrice) -> Plan:
-    """The tensors checked against the schema; the replica gets the same body on its own unversioned path
-    (the gateway has already picked the version)."""
+    """The tensors checked against the schema; the replica gets the client's bytes on its own unversioned
+    path (the gateway has already picked the version)."""
     requested_outputs(d.model.schema, body)
     infer_matrix(d.model.schema, body)
-    plan = _plan(d, key, body.num_rows, raw, price, "inputs")
+    plan = _plan(d, key, body.num_rows, None, price, "inputs")
     plan.path = f"/v2/models/{quote(d.upstream_model or d.name, safe='')}/infer"
     return plan
 
 
-def _plan(d: Deployment, key: KeyPolicy, rows: int, upstream: dict, price: ModelPrice, param: str) -> Plan:
+def _plan(d: Deployment, key: KeyPolicy, rows: int, upstream: dict | None, price: ModelPrice, param: str) -> Plan:
     check_request_limits(key, d.name, rows, None, param, unit="rows")
     return Plan(rows, 0, 0, price.cost_usd(rows, 0, 0), upstream, False)
 
 
+BODY = {"max_body_bytes": MAX_PREDICT_BODY_BYTES, "decode": decode_body}  # 10 MB, parsed with orjson
 OPERATIONS = (
-    Operation("predict", "/v1/predict", PredictRequest, KIND, plan_predict, max_body_bytes=MAX_PREDICT_BODY_BYTES),
-    Operation("infer", f"{V2_MODEL}/infer", InferRequest, KIND, plan_infer, model_param="name",
-              max_body_bytes=MAX_PREDICT_BODY_BYTES),
-    Operation("infer", f"{V2_VERSION}/infer", InferRequest, KIND, plan_infer, model_param="name",
-              max_body_bytes=MAX_PREDICT_BODY_BYTES),
+    Operation("predict", "/v1/predict", PredictRequest, KIND, plan_predict, **BODY),
+    Operation("infer", f"{V2_MODEL}/infer", InferRequest, KIND, plan_infer, model_param="name", **BODY),
+    Operation("infer", f"{V2_VERSION}/infer", InferRequest, KIND, plan_infer, model_param="name", **BODY),
 )
 
 

@@ -5,6 +5,7 @@ An operation's model is the body's `model`, or a path parameter (the Open Infere
 
 The lifecycle (lifecycle.py) is written once; each kind's module (text.py, ...) lists its operations.
 """
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,3 +31,4 @@ class Operation:
     cap_output: OutputCap | None = None  # None: the kind has no output to cap
     model_param: str | None = None  # the path parameter naming the model (None: the body's `model`)
     max_body_bytes: int | None = None  # the kind's own cap, below the gateway's
+    decode: Callable[[bytes], Any] = json.loads  # the body's parser

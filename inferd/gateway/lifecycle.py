@@ -38,7 +38,7 @@ from inferd.gateway.usage import UsageRecord
 from inferd.protocol import headers
 from inferd.protocol.errors import (APIError, DeadlineExceeded, DeadlineUnmeetable, InvalidRequest, ModelNotFound,
                                     Overloaded, PermissionDenied, to_api_error)
-from inferd.protocol.http import cancelled_on_disconnect, read_json
+from inferd.protocol.http import cancelled_on_disconnect, read_body
 from inferd.protocol.sse import SSEResponse
 from inferd.telemetry.gateway_metrics import GatewayMetrics
 
@@ -99,6 +99,7 @@ class Exchange:
     attempts: list[Attempt] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)  # said on every response (degraded, fallback)
     refusal: BaseException | None = None  # what ended it before any attempt
+    content: bytes = b""  # the client's body, as it came (a plan without a body of its own forwards it)
 
     def begin(self, plan: Plan, admission: Admission) -> Attempt:
         attempt = Attempt(len(self.attempts) + 1, plan, admission)
@@ -153,8 +154,9 @@ class RequestPath:
         try:
             with self._child("auth", x):
                 x.key = await self.keys.authenticate(request.headers.get("authorization"))
-            raw = await read_json(request, min(op.max_body_bytes or self.config.max_body_bytes,
-                                               self.config.max_body_bytes))
+            x.content = await read_body(request, min(op.max_body_bytes or self.config.max_body_bytes,
+                                                     self.config.max_body_bytes))
+            raw = op.decode(x.content)
             body = op.body_type.model_validate(raw)
             asked = self._deployment(x.key, op, *_model_asked(request, op, body))
             x.priority_class = priority_class(x.key, request)
@@ -312,7 +314,7 @@ class RequestPath:
             else trace.INVALID_SPAN
         response = await relay.send(self.transport, self._url(upstream, plan.path or op.path),
                                     self._upstream_headers(x, attempt),
-                                    _json_bytes(plan.body), attempt.outcome)
+                                    x.content if plan.body is None else _json_bytes(plan.body), attempt.outcome)
         if response is None:
             if attempt.outcome.unreachable:
                 upstream.healthy = False  # out of routing until its /ready answers again

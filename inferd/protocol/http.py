@@ -91,13 +91,17 @@ def error_response_for(path: str, exc: BaseException, map_error=to_api_error) ->
 # request bodies and disconnects
 
 async def read_json(request: Request, max_body_bytes: int) -> Any:
+    return json.loads(await read_body(request, max_body_bytes))
+
+
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_body_bytes:
             raise PayloadTooLarge(f"The request body is larger than {max_body_bytes} bytes.")
         chunks.append(chunk)
-    return json.loads(b"".join(chunks))
+    return b"".join(chunks)
 
 
 async def _wait_for_disconnect(request: Request) -> None:

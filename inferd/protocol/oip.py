@@ -168,15 +168,15 @@ def requested_outputs(schema: TabularSchema, body: InferRequest) -> list[str]:
 
 
 def infer_response(name: str, version: str, request_id: str | None, outputs: list[str], schema: TabularSchema,
-                   predictions: list, probabilities: list[list[float]] | None) -> dict:
+                   predictions: np.ndarray, probabilities: np.ndarray | None) -> dict:
+    """The infer answer; its data stay arrays (flat, row-major) for the encoder to write."""
     tensors = []
     for output in outputs:
         if output == PREDICT:
             tensors.append({"name": PREDICT, "datatype": prediction_datatype(schema), "shape": [len(predictions)],
                             "data": predictions})
         else:
-            width = len(probabilities[0]) if probabilities else 0
-            tensors.append({"name": PROBABILITIES, "datatype": "FP64", "shape": [len(probabilities), width],
-                            "data": [p for row in probabilities for p in row]})
+            tensors.append({"name": PROBABILITIES, "datatype": "FP64", "shape": list(probabilities.shape),
+                            "data": probabilities.reshape(-1)})
     body = {"model_name": name, "model_version": version, "outputs": tensors}
     return body if request_id is None else {"id": request_id} | body

@@ -53,7 +53,9 @@ def test_rows_are_the_plans_tokens_and_the_upstream_gets_its_model(gateway):
     [rec] = records
     assert (rec.status, rec.prompt_tokens, rec.completion_tokens, rec.model) == ("completed", 3, 0, "clf")
     assert rec.cost_usd == pytest.approx(6.0)  # 3 rows at $2 a row (input_usd_per_mtok is per million rows)
-    assert client.post("/v1/predict", json={"inputs": ROWS[:1]}).status_code == 200  # the kind's default model
+    plain = b'{"inputs": [{"a": 0.5, "b": 1}]}'
+    assert client.post("/v1/predict", content=plain).status_code == 200  # the kind's default model
+    assert replicas.requests[-1].content == plain  # forwarded byte for byte: nothing to rewrite
 
 
 def test_bad_requests_are_refused_before_any_replica_in_each_apis_shape(gateway):

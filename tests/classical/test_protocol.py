@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from inferd.protocol.classical import Feature, PredictRequest, TabularSchema, feature_matrix
-from inferd.protocol.errors import InvalidRequest
+from inferd.protocol.classical import Feature, PredictRequest, TabularSchema, decode_body, feature_matrix
+from inferd.protocol.errors import InvalidRequest, to_api_error
 from inferd.protocol.oip import InferRequest, infer_matrix, model_metadata, requested_outputs
 
 SCHEMA = TabularSchema((Feature("age", "int64"), Feature("income", "float64", allow_nan=True),
@@ -110,3 +110,11 @@ def test_v2_outputs_and_metadata():
     assert meta["inputs"] == [{"name": "input", "datatype": "FP64", "shape": [-1, 4]}]
     assert meta["outputs"][0]["datatype"] == "BYTES" and meta["outputs"][1]["shape"] == [-1, 2]
     assert TabularSchema.from_dict(SCHEMA.as_dict()) == SCHEMA
+
+
+def test_bodies_are_strict_json():
+    assert decode_body(b'{"inputs": [{"a": null, "b": 1.5}]}') == {"inputs": [{"a": None, "b": 1.5}]}
+    for bad in (b'{"inputs": [{"a": NaN}]}', b'{"inputs": [{"a": Infinity}]}', b"{"):
+        with pytest.raises(ValueError) as e:
+            decode_body(bad)
+        assert to_api_error(e.value).code == "invalid_json"

@@ -115,9 +115,11 @@ def test_bad_rows_are_400_in_openais_shape_and_the_replica_keeps_serving(forest,
 
 def test_nan_where_forbidden_wrong_shape_and_big_bodies(forest):
     row = models.rows(models.forest_skops(), [0])[0]
+    missing = predict(forest, 400, inputs=[row | {"mean_area": None}])["error"]
+    assert missing["param"] == "inputs[0].mean_area" and "may not be missing" in missing["message"]
     nan = forest.post("/v1/predict", content=json.dumps({"inputs": [row | {"mean_area": float("nan")}]}),
-                      headers=AUTH)
-    assert nan.status_code == 400 and "is NaN" in nan.json()["error"]["message"]
+                      headers=AUTH)  # a NaN literal is not JSON
+    assert nan.status_code == 400 and nan.json()["error"]["code"] == "invalid_json"
     bad_shape = {"inputs": [{"name": "input", "shape": [1, 29], "datatype": "FP64", "data": [1.0] * 29}]}
     refused = forest.post(f"/v2/models/{NAME}/infer", json=bad_shape, headers=AUTH)
     assert refused.status_code == 400 and "[rows, 30]" in refused.json()["error"]
