@@ -79,8 +79,8 @@ def bodies(system: str, model: str, X: np.ndarray, names: list[str], batch: int,
 
 # the systems
 
-def started(command: list[str], ready, log: Path, timeout_s: float = 180) -> subprocess.Popen:
-    proc = subprocess.Popen(command, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
+def started(command: list[str], ready, log: Path, timeout_s: float = 180, env: dict | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(command, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)} | (env or {}),
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
@@ -112,7 +112,8 @@ def peer(kind: str, directory: Path, port: int) -> subprocess.Popen:
     def probe() -> bool:
         return all(httpx.post(f"http://127.0.0.1:{port}/{m}", json={"inputs": [[0.0] * 30]}).status_code == 200
                    for m in MODELS)
-    return started(command, probe, directory / f"{kind}.log", timeout_s=240)
+    # HOME: Ray keeps files under ~/.ray (an auth token that later Ray clusters on this machine trip over)
+    return started(command, probe, directory / f"{kind}.log", timeout_s=240, env={"HOME": str(directory)})
 
 
 def target(system: str, model: str, port: int) -> Target:
