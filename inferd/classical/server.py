@@ -7,7 +7,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,19 +26,13 @@ from inferd.classical.oip import OIPRoutes
 from inferd.classical.runtime import Answer, ClassicalRuntime
 from inferd.protocol import headers
 from inferd.protocol.classical import MAX_PREDICT_BODY_BYTES, PredictRequest, decode_body, feature_matrix
-from inferd.protocol.errors import APIError, ClientClosedRequest, DeadlineExceeded, ModelNotFound
+from inferd.protocol.errors import ModelNotFound
 from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_body, unless_disconnected
+from inferd.replica.state import Readiness, deadline_s, outcome
 
 log = logging.getLogger(__name__)
 
 INLINE_ROWS = 256  # a request with more rows is checked in a thread, off the event loop
-
-
-@dataclass(slots=True)
-class Readiness:
-    ready: bool = False
-    loaded_unix_s: float | None = None  # when the model was loaded (cold start)
-    warm_unix_s: float | None = None  # when the readiness prediction finished
 
 
 class ClassicalRoutes:
@@ -62,7 +55,7 @@ class ClassicalRoutes:
         try:
             response, rows = await work
         except BaseException as exc:
-            self.metrics.observe_request(api, _outcome(exc))
+            self.metrics.observe_request(api, outcome(exc))
             raise
         self.metrics.observe_request(api, "completed", rows, time.monotonic() - request.state.arrival_s)
         return response
@@ -79,7 +72,7 @@ class ClassicalRoutes:
 
     async def run(self, request: Request, rows: np.ndarray) -> Answer:
         priority = headers.priority_class(request.headers.get(headers.PRIORITY)) or "interactive"
-        return await unless_disconnected(request, self.runtime.predict(rows, priority, _deadline_s(request)))
+        return await unless_disconnected(request, self.runtime.predict(rows, priority, deadline_s(request)))
 
     @staticmethod
     async def off_loop(rows: int, fn, *args):
@@ -109,23 +102,6 @@ class ClassicalRoutes:
 
     async def render_metrics(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-
-def _deadline_s(request: Request) -> float | None:
-    """DEADLINE_MS (from the gateway: the milliseconds left) on the monotonic clock."""
-    ms = headers.deadline_ms(request.headers.get(headers.DEADLINE_MS))
-    return None if ms is None else request.state.arrival_s + ms / 1000
-
-
-def _outcome(exc: BaseException) -> str:
-    match exc:
-        case DeadlineExceeded():
-            return "expired"
-        case ClientClosedRequest() | asyncio.CancelledError():
-            return "cancelled"
-        case APIError() if exc.status < 500 or exc.status == 503:
-            return "rejected"
-    return "failed"
 
 
 # the app and its life

@@ -15,7 +15,7 @@ import yaml
 from inferd.control.kinds import KINDS, SETTINGS, Settings, source_path
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.config import ModelPrice
-from inferd.gateway.degrade import DEGRADE_ACTIONS, DegradationSpec, DegradationStep
+from inferd.gateway.degrade import DEGRADE_ACTIONS, DegradationSpec
 from inferd.router.router import RouterConfig
 from inferd.settings import SettingError
 

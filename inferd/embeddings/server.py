@@ -7,7 +7,6 @@ import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,21 +23,15 @@ from inferd.embeddings.config import EmbeddingConfig
 from inferd.embeddings.metrics import EmbeddingMetrics
 from inferd.embeddings.runtime import EmbeddingRuntime
 from inferd.protocol import headers
-from inferd.protocol.errors import APIError, ClientClosedRequest, DeadlineExceeded, ModelNotFound, error_response
+from inferd.protocol.errors import ModelNotFound, error_response
 from inferd.protocol.http import RequestContextMiddleware, read_json, unless_disconnected
 from inferd.protocol.openai import EmbeddingRequest
+from inferd.replica.state import Readiness, deadline_s, outcome
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 2**20
 READINESS_INPUT = "Hello"
-
-
-@dataclass(slots=True)
-class Readiness:
-    ready: bool = False
-    loaded_unix_s: float | None = None  # when the weights were loaded and the encoder built (cold start)
-    warm_unix_s: float | None = None  # when the readiness embedding finished
 
 
 class EmbeddingRoutes:
@@ -57,7 +50,7 @@ class EmbeddingRoutes:
         try:
             response, num_inputs, num_tokens = await self._embed(request)
         except BaseException as exc:
-            self.metrics.observe_request(_outcome(exc))
+            self.metrics.observe_request(outcome(exc))
             raise
         self.metrics.observe_request("completed", num_inputs, num_tokens, time.monotonic() - request.state.arrival_s)
         return response
@@ -70,9 +63,9 @@ class EmbeddingRoutes:
                                 param="model")
         dimensions = self.runtime.check_dimensions(body.dimensions)
         priority = headers.priority_class(request.headers.get(headers.PRIORITY)) or "interactive"
-        deadline_s = _deadline_s(request)
+        deadline = deadline_s(request)
         token_ids = await asyncio.to_thread(self.runtime.tokenize, body.inputs(), body.truncate)
-        vectors = await unless_disconnected(request, self.runtime.embed(token_ids, priority, deadline_s, dimensions))
+        vectors = await unless_disconnected(request, self.runtime.embed(token_ids, priority, deadline, dimensions))
         num_tokens = sum(len(t) for t in token_ids)
         response = await asyncio.to_thread(embedding_response, vectors, body.encoding_format, info.name, num_tokens)
         return response, len(token_ids), num_tokens
@@ -113,23 +106,6 @@ def embedding_response(vectors: torch.Tensor, encoding_format: str, model: str, 
     return JSONResponse({"object": "list", "model": model,
                          "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encoded)],
                          "usage": usage}, headers={headers.USAGE: json.dumps(usage, separators=(",", ":"))})
-
-
-def _deadline_s(request: Request) -> float | None:
-    """DEADLINE_MS (from the gateway: the milliseconds left) on the monotonic clock."""
-    ms = headers.deadline_ms(request.headers.get(headers.DEADLINE_MS))
-    return None if ms is None else request.state.arrival_s + ms / 1000
-
-
-def _outcome(exc: BaseException) -> str:
-    match exc:
-        case DeadlineExceeded():
-            return "expired"
-        case ClientClosedRequest() | asyncio.CancelledError():
-            return "cancelled"
-        case APIError() if exc.status < 500 or exc.status == 503:
-            return "rejected"
-    return "failed"
 
 
 # the app and its life

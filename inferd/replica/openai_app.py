@@ -24,6 +24,7 @@ from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest, Sam
 from inferd.protocol.sse import SSE_DONE, SSEResponse, sse_event
 from inferd.protocol.tokenizer import Tokenizer
 from inferd.replica.errors import replica_error
+from inferd.replica.state import deadline_s
 from inferd.replica.responses import (ChoiceResult, ResponseMeta, chat_chunk, chat_logprobs, chat_response,
                                       completion_chunk, completion_logprobs, completion_response, sampling_params,
                                       usage_chunk)
@@ -141,7 +142,7 @@ class OpenAIRoutes:
         rid, n, max_len = request.state.request_id, body.num_choices, self.backend.info.max_model_len
         if any(not p for p in prompts):
             raise InvalidRequest("the prompt is empty", param="prompt")
-        deadline, namespace, priority = _deadline_s(request), self._cache_namespace(request), self._priority(request)
+        deadline, namespace, priority = deadline_s(request), self._cache_namespace(request), self._priority(request)
         return [Job(i * n + j, f"{rid}-{i * n + j}", p, sampling_params(body, len(p), max_len, j),
                     request.state.arrival_s, deadline, namespace, priority)
                 for i, p in enumerate(prompts) for j in range(n)]
@@ -277,12 +278,6 @@ def create_app(backend: TextBackend, config: APIConfig, *, metrics: ServerMetric
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     return error_response(exc, replica_error)
-
-
-def _deadline_s(request: Request) -> float | None:
-    """DEADLINE_MS (from the gateway, the milliseconds left): work not started by then is dropped."""
-    ms = headers.deadline_ms(request.headers.get(headers.DEADLINE_MS))
-    return None if ms is None else request.state.arrival_s + ms / 1000
 
 
 async def _next_output(queue: asyncio.Queue, deadline_s: float | None) -> tuple:

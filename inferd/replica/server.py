@@ -16,6 +16,7 @@ from inferd.engine.async_engine import AsyncEngine
 from inferd.engine.request import RequestOutput, SamplingParams
 from inferd.models.config import LoadedModel
 from inferd.replica.openai_app import APIConfig, ModelInfo, create_app
+from inferd.replica.state import Readiness
 from inferd.replica.metrics import ServerMetrics, metrics_route
 
 log = logging.getLogger(__name__)
@@ -35,13 +36,6 @@ class ReplicaConfig:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-
-@dataclass(slots=True)
-class Readiness:
-    ready: bool = False
-    loaded_unix_s: float | None = None
-    warm_unix_s: float | None = None  # when the readiness inference finished
 
 
 class EngineBackend:
