@@ -18,3 +18,12 @@ def test_json_lines_hold_the_extra_fields_but_not_uvicorns_color_copy():
     line = json.loads(JsonFormatter().format(record()))
     assert (line["msg"], line["request_id"], line["status"]) == ("request done", "r1", 200)
     assert "color_message" not in line
+
+
+def test_commands_print_no_migration_lines_unless_debug(tmp_path):
+    import subprocess
+    import sys
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    quiet = subprocess.run([sys.executable, "-m", "inferd.cli", "tenants", "list", "--db", db],
+                           capture_output=True, text=True, timeout=60)
+    assert quiet.returncode == 0 and "alembic" not in quiet.stderr + quiet.stdout

@@ -36,4 +36,6 @@ def setup_logging(level: str, fmt: str = "text") -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+    quiet = logging.DEBUG if level == "debug" else logging.WARNING
+    logging.getLogger("httpx").setLevel(quiet)  # one line per upstream call is noise
+    logging.getLogger("alembic").setLevel(quiet)  # "Context impl SQLiteImpl." on every command
