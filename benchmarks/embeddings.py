@@ -43,9 +43,7 @@ from inferd.models.sentence import load_embedding_model
 ROOT = Path(__file__).parents[1]
 SIZES, LENGTHS = (1, 8, 32, 128), {"short": 16, "long": 200}
 INFINITY_VENV = ROOT / "benchmarks" / ".venvs" / "infinity"
-WHEELS = Path("/opt/wheels")  # where this workplace keeps the CPU torch wheel (as the Makefile looks for it)
-INFINITY_PACKAGES = [*(["--find-links", str(WHEELS)] if WHEELS.is_dir() else []), "torch==2.13.0",
-                     "infinity-emb[server,torch]==0.0.78"]
+INFINITY_PACKAGES = ["torch==2.13.0", "infinity-emb[server,torch]==0.0.78"]  # pip's own config finds the CPU wheel
 WORDS = ("a quiet morning the harbour filled with fishing boats while merchants argued over the price of salt "
          "wool timber and copper and children ran between the carts shouting the names of ships").split()
 
