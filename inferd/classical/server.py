@@ -2,11 +2,8 @@
 /health, /ready (after a real prediction) and /metrics. Errors: OpenAI's shape on /v1, the OIP's on /v2
 (protocol/http.py picks it by path)."""
 import asyncio
-import gc
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +25,7 @@ from inferd.protocol import headers
 from inferd.protocol.classical import MAX_PREDICT_BODY_BYTES, PredictRequest, decode_body, feature_matrix
 from inferd.protocol.errors import ModelNotFound
 from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_body, unless_disconnected
-from inferd.replica.state import Readiness, deadline_s, outcome
+from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome
 
 log = logging.getLogger(__name__)
 
@@ -112,39 +109,17 @@ def build_classical_app(runtime: ClassicalRuntime, metrics: ClassicalMetrics, *,
     readiness = Readiness(loaded_unix_s=loaded_unix_s or time.time())
     metrics.watch_queue(runtime.batcher)
     return Starlette(routes=ClassicalRoutes(runtime, metrics, readiness).routes(),
-                     lifespan=_lifespan(runtime, readiness),
+                     lifespan=batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)),
                      middleware=[Middleware(RequestContextMiddleware, api_key=api_key)],
                      exception_handlers={HTTPException: http_exception_handler})
 
 
-def _lifespan(runtime: ClassicalRuntime, readiness: Readiness):
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        runtime.start()
-        probe = asyncio.create_task(_readiness_probe(runtime, readiness))
-        try:
-            yield
-        finally:
-            probe.cancel()
-            readiness.ready = False
-            await runtime.stop()
-    return lifespan
-
-
-async def _readiness_probe(runtime: ClassicalRuntime, readiness: Readiness) -> None:
-    try:
-        predictions, probabilities = await runtime.predict(runtime.readiness_rows())
-        if len(predictions) != 1 or probabilities is not None and probabilities.shape[0] != 1:
-            raise RuntimeError(f"the readiness prediction came out as {predictions!r}")
-    except Exception as exc:
-        log.error("readiness prediction failed: %s: %s", type(exc).__name__, exc)
-        return
-    gc.collect()
-    gc.freeze()  # what start-up made (libraries, the model) is never walked by a full collection again
-    readiness.warm_unix_s = time.time()
-    readiness.ready = True
-    log.info("classical replica ready: model=%s format=%s task=%s features=%d", runtime.info.name,
-             runtime.info.format, runtime.task, len(runtime.schema.features))
+async def _warm_up(runtime: ClassicalRuntime) -> str:
+    predictions, probabilities = await runtime.predict(runtime.readiness_rows())
+    if len(predictions) != 1 or probabilities is not None and probabilities.shape[0] != 1:
+        raise RuntimeError(f"the readiness prediction came out as {predictions!r}")
+    i = runtime.info
+    return f"model={i.name} format={i.format} task={runtime.task} features={len(runtime.schema.features)}"
 
 
 def serve_classical(model_source: str | Path | None = None, host: str = "127.0.0.1", port: int = 8000,

@@ -5,8 +5,6 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import torch
@@ -26,7 +24,7 @@ from inferd.protocol import headers
 from inferd.protocol.errors import ModelNotFound, error_response
 from inferd.protocol.http import RequestContextMiddleware, read_json, unless_disconnected
 from inferd.protocol.openai import EmbeddingRequest
-from inferd.replica.state import Readiness, deadline_s, outcome
+from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +114,7 @@ def build_embedding_app(runtime: EmbeddingRuntime, metrics: EmbeddingMetrics, *,
     readiness = Readiness(loaded_unix_s=loaded_unix_s or time.time())
     metrics.watch_queue(runtime.batcher)
     routes = EmbeddingRoutes(runtime, metrics, readiness).routes()
-    return Starlette(routes=routes, lifespan=_lifespan(runtime, readiness),
+    return Starlette(routes=routes, lifespan=batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)),
                      middleware=[Middleware(RequestContextMiddleware, api_key=api_key)],
                      exception_handlers={HTTPException: _http_exception})
 
@@ -125,32 +123,11 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
-def _lifespan(runtime: EmbeddingRuntime, readiness: Readiness):
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        runtime.start()
-        probe = asyncio.create_task(_readiness_probe(runtime, readiness))
-        try:
-            yield
-        finally:
-            probe.cancel()
-            readiness.ready = False
-            await runtime.stop()
-    return lifespan
-
-
-async def _readiness_probe(runtime: EmbeddingRuntime, readiness: Readiness) -> None:
-    try:
-        vectors = await runtime.embed(runtime.tokenize([READINESS_INPUT]))
-        if vectors.shape != (1, runtime.info.dimensions) or not math.isfinite(float(vectors.abs().sum())):
-            raise RuntimeError(f"the readiness embedding came out as {tuple(vectors.shape)}, or not finite")
-    except Exception as exc:
-        log.error("readiness embedding failed: %s: %s", type(exc).__name__, exc)
-        return
-    readiness.warm_unix_s = time.time()
-    readiness.ready = True
-    log.info("embedding replica ready: model=%s dimensions=%d dtype=%s", runtime.info.name,
-             runtime.info.dimensions, runtime.info.dtype)
+async def _warm_up(runtime: EmbeddingRuntime) -> str:
+    vectors = await runtime.embed(runtime.tokenize([READINESS_INPUT]))
+    if vectors.shape != (1, runtime.info.dimensions) or not math.isfinite(float(vectors.abs().sum())):
+        raise RuntimeError(f"the readiness embedding came out as {tuple(vectors.shape)}, or not finite")
+    return f"model={runtime.info.name} dimensions={runtime.info.dimensions} dtype={runtime.info.dtype}"
 
 
 def serve_embeddings(model_source: str | Path | None = None, host: str = "127.0.0.1", port: int = 8000,

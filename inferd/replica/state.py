@@ -1,11 +1,18 @@
 """What every replica server (text, embedding, classical) reads and keeps the same way."""
 import asyncio
+import gc
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from starlette.requests import Request
 
 from inferd.protocol import headers
 from inferd.protocol.errors import APIError, ClientClosedRequest, DeadlineExceeded
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -32,3 +39,32 @@ def outcome(exc: BaseException) -> str:
         case APIError() if exc.status < 500 or exc.status == 503:
             return "rejected"
     return "failed"
+
+
+def batched_lifespan(runtime, readiness: Readiness, warm_up: Callable[[], Awaitable[str]]):
+    """The app's life for a runtime over the batcher: started with the app, ready once warm_up (a real inference
+    that raises if its answer is wrong; it returns what the ready log line says) has run, stopped at the end."""
+    @asynccontextmanager
+    async def lifespan(app) -> AsyncIterator[None]:
+        runtime.start()
+        probe = asyncio.create_task(_warm(warm_up, readiness))
+        try:
+            yield
+        finally:
+            probe.cancel()
+            readiness.ready = False
+            await runtime.stop()
+    return lifespan
+
+
+async def _warm(warm_up: Callable[[], Awaitable[str]], readiness: Readiness) -> None:
+    try:
+        said = await warm_up()
+    except Exception as exc:
+        log.error("readiness inference failed: %s: %s", type(exc).__name__, exc)
+        return
+    gc.collect()
+    gc.freeze()  # what start-up made (libraries, the model) is never walked by a full collection again
+    readiness.warm_unix_s = time.time()
+    readiness.ready = True
+    log.info("replica ready: %s", said)
