@@ -127,27 +127,17 @@ def _replica_kind(argv: list[str]) -> str:
     return "text"
 
 
-def _embedding_replica(args: argparse.Namespace) -> int:
-    from inferd.embeddings.config import EmbeddingConfig
-    from inferd.embeddings.server import serve_embeddings
+def _batched_replica(args: argparse.Namespace) -> int:
+    """A replica of a kind that runs over the batcher (embedding, classical): its settings, then its server."""
     try:
-        config = config_from(EmbeddingConfig, args)
+        config = config_from(SETTINGS[args.kind], args)
     except SettingError as exc:
         raise SystemExit(f"inferd replica: error: {exc}")
-    serve_embeddings(args.model, args.host, args.port, args.api_key or None, args.served_model_name, config,
-                     args.log_level)
-    return 0
-
-
-def _classical_replica(args: argparse.Namespace) -> int:
-    from inferd.classical.config import ClassicalConfig
-    from inferd.classical.server import serve_classical
-    try:
-        config = config_from(ClassicalConfig, args)
-    except SettingError as exc:
-        raise SystemExit(f"inferd replica: error: {exc}")
-    serve_classical(args.model, args.host, args.port, args.api_key or None, args.served_model_name, config,
-                    args.log_level)
+    if args.kind == "embedding":
+        from inferd.embeddings.server import serve_embeddings as serve
+    else:
+        from inferd.classical.server import serve_classical as serve
+    serve(args.model, args.host, args.port, args.api_key or None, args.served_model_name, config, args.log_level)
     return 0
 
 
@@ -229,10 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         return gateway_cli.rollout(args)
     from inferd.models.errors import ModelLoadError
     try:
-        if args.command == "replica" and args.kind == "embedding":
-            return _embedding_replica(args)
-        if args.command == "replica" and args.kind == "classical":
-            return _classical_replica(args)
+        if args.command == "replica" and args.kind != "text":
+            return _batched_replica(args)
         return {"serve": _serve, "replica": _replica, "gateway": _gateway}[args.command](args)
     except ModelLoadError as exc:
         log.error("cannot load the model: %s", exc)
