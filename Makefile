@@ -24,6 +24,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) -e '.[test,ray]'  # ray: tests/control/test_ray.py runs on a local Ray cluster
+	$(PIP) --no-deps openpi-client==0.1.2  # the robot policy tests' client; it pins numpy<2, which it does not need
 	touch $@
 
 install: $(VENV)/.installed

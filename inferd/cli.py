@@ -1,4 +1,5 @@
 import argparse
+import json
 import logging
 import os
 import sys
@@ -21,7 +22,8 @@ LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 MODEL_HELP = {"text": "a .gguf file or a Hugging Face model directory (default: SmolLM2-135M-Instruct)",
               "embedding": "a sentence-transformers directory or a .zip of one (default: all-MiniLM-L6-v2)",
               "classical": "a .onnx, XGBoost .json/.ubj, LightGBM .txt or scikit-learn .skops file (default: the "
-                           "demo iris classifier, trained on first use)"}
+                           "demo iris classifier, trained on first use)",
+              "policy": "a policy directory (config.json + model.safetensors; default: the demo reacher policy)"}
 
 
 def _replica_flags(p: argparse.ArgumentParser, kind: str = "text") -> None:
@@ -52,10 +54,13 @@ def _parser(replica_kind: str = "text") -> argparse.ArgumentParser:
     serve.add_argument("--classical-model", default="default", metavar="PATH|default|none",
                        help="also serve this classical (tabular) model, as its own deployment (default: the demo "
                        "iris-classifier, trained on first start; none: no classical model)")
+    serve.add_argument("--policy-model", default="default", metavar="PATH|default|none",
+                       help="also serve this robot policy over WebSocket at /v1/policies/NAME/ws (default: the "
+                       "demo reacher policy; none: no policy)")
     gateway_cli.add_gateway_flags(serve)
     replica = commands.add_parser("replica", help="one replica of a model kind behind the OpenAI API, no tenants")
     replica.add_argument("--kind", choices=KINDS, default="text", help="text: our engine (chat, completions); "
-                         "embedding: /v1/embeddings; classical: /v1/predict and /v2 (the flags below are the kind's: see --kind "
+                         "embedding: /v1/embeddings; classical: /v1/predict and /v2; policy: /v1/policy/infer (the flags below are the kind's: see --kind "
                          "K --help)")
     _replica_flags(replica, replica_kind)
     _listen_flags(replica, "require 'Authorization: Bearer KEY' on /v1/* and /v2/* ($INFERD_API_KEY)")
@@ -72,6 +77,14 @@ def _parser(replica_kind: str = "text") -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="deployment specs").add_subparsers(dest="action", required=True)
     check = config.add_parser("check", help="validate a deployment spec (fields, settings, model digests)")
     check.add_argument("file")
+    policy = commands.add_parser("policy", help="robot policies").add_subparsers(dest="action", required=True)
+    train = policy.add_parser("train-demo", help="collect expert demonstrations in the simulator (gymnasium's "
+                              "MuJoCo Reacher), behaviour-clone an action-chunking policy and measure its success")
+    train.add_argument("--out", required=True, help="the policy directory to write (config.json, model.safetensors, "
+                       "training.json)")
+    train.add_argument("--episodes", type=int, default=None, help="expert demonstrations (default: the demo's)")
+    train.add_argument("--epochs", type=int, default=None, help="training epochs (default: the demo's)")
+    train.add_argument("--seed", type=int, default=0)
     add_bench_parser(commands)
     gateway_cli.add_parsers(commands)
     gateway_cli.add_rollout_parser(commands)
@@ -128,13 +141,15 @@ def _replica_kind(argv: list[str]) -> str:
 
 
 def _batched_replica(args: argparse.Namespace) -> int:
-    """A replica of a kind that runs over the batcher (embedding, classical): its settings, then its server."""
+    """A replica of a kind that runs over the batcher (embedding, classical, policy): its settings, then its server."""
     try:
         config = config_from(SETTINGS[args.kind], args)
     except SettingError as exc:
         raise SystemExit(f"inferd replica: error: {exc}")
     if args.kind == "embedding":
         from inferd.embeddings.server import serve_embeddings as serve
+    elif args.kind == "policy":
+        from inferd.policy.server import serve_policy as serve
     else:
         from inferd.classical.server import serve_classical as serve
     serve(args.model, args.host, args.port, args.api_key or None, args.served_model_name, config, args.log_level)
@@ -143,8 +158,8 @@ def _batched_replica(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """The gateway on --port, in front of local `inferd replica` processes (one model, or a --config spec)."""
-    from inferd.control.launch import (classical_spec, embedding_spec, local_plans, replica_args, spec_plans,
-                                       start_deployments, stop_all)
+    from inferd.control.launch import (classical_spec, embedding_spec, local_plans, policy_spec, replica_args,
+                                       spec_plans, start_deployments, stop_all)
     from inferd.control.rollout import controller_for
     from inferd.control.gateway_setup import gateway_config, open_store, run_gateway
     from inferd.control.spec import ServiceSpec, SpecError, load_spec
@@ -163,6 +178,8 @@ def _serve(args: argparse.Namespace) -> int:
             plans += spec_plans(ServiceSpec([embedding_spec(args.embedding_model)]), _log_flags(args))
         if args.classical_model != "none":
             plans += spec_plans(ServiceSpec([classical_spec(args.classical_model)]), _log_flags(args))
+        if args.policy_model != "none":
+            plans += spec_plans(ServiceSpec([policy_spec(args.policy_model)]), _log_flags(args))
     config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
     store = open_store(config, args.api_key)
     try:
@@ -187,6 +204,14 @@ def _config(args: argparse.Namespace) -> int:
         return 1
     kinds = [f"{d.name} ({'external' if d.external else f'{d.replicas} replica(s)'})" for d in spec.deployments]
     print(f"{args.file}: ok: {', '.join(kinds)}")
+    return 0
+
+
+def _train_demo(args: argparse.Namespace) -> int:
+    from inferd.policy.train import train_demo
+    sizes = {k: v for k, v in (("episodes", args.episodes), ("epochs", args.epochs)) if v is not None}
+    figures = train_demo(args.out, seed=args.seed, progress=True, **sizes)
+    print(json.dumps(figures, indent=2))
     return 0
 
 
@@ -217,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         return _config(args)
     if args.command == "rollout":
         return gateway_cli.rollout(args)
+    if args.command == "policy":
+        return _train_demo(args)
     from inferd.models.errors import ModelLoadError
     try:
         if args.command == "replica" and args.kind != "text":

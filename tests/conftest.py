@@ -14,10 +14,11 @@ SMOLLM2_MAX_MODEL_LEN = 1024
 
 @pytest.fixture(scope="session")
 def smollm2_server(tmp_path_factory):
-    """One plain `inferd serve` (SmolLM2, float32, the packaged all-MiniLM-L6-v2 and the demo iris-classifier)
+    """One plain `inferd serve` (SmolLM2, float32, the packaged all-MiniLM-L6-v2, the demo iris-classifier and
+    the demo reacher policy)
     shared by the modules that need nothing more of it: its URL and its log. Each server start costs CI ~20 s."""
     from tests.server import running_server
     log_path = tmp_path_factory.mktemp("smollm2") / "serve.log"
     with running_server(log_path, "--api-key", SMOLLM2_KEY, "--max-model-len", str(SMOLLM2_MAX_MODEL_LEN),
-                        "--kv-cache-gib", "0.25", embeddings=True, classical=True) as url:
+                        "--kv-cache-gib", "0.25", embeddings=True, classical=True, policy=True) as url:
         yield url, log_path

@@ -14,11 +14,13 @@ ROOT = Path(__file__).parents[1]
 
 
 @contextmanager
-def running_server(log_path: Path, *args: str, embeddings: bool = False, classical: bool = False) -> Iterator[str]:
+def running_server(log_path: Path, *args: str, embeddings: bool = False, classical: bool = False,
+                   policy: bool = False) -> Iterator[str]:
     """`inferd serve --dtype float32 ARGS` until the block ends; yields its base URL once /ready answers 200.
 
     Its store is an SQLite file beside the log (db_url(log_path)), so each server starts empty. Without
-    `embeddings` it serves no embedding model, without `classical` no classical one (a replica fewer each)."""
+    `embeddings` it serves no embedding model, without `classical` no classical one, without `policy` no robot
+    policy (a replica fewer each)."""
     port = free_port()
     cmd = [sys.executable, "-m", "inferd.cli", "serve", "--dtype", "float32", "--port", str(port),
            "--db", db_url(log_path), "--spill-path", str(log_path.with_name("usage-spill.jsonl")), *args]
@@ -26,6 +28,8 @@ def running_server(log_path: Path, *args: str, embeddings: bool = False, classic
         cmd += ["--embedding-model", "none"]
     if not classical and "--config" not in args:
         cmd += ["--classical-model", "none"]
+    if not policy and "--config" not in args:
+        cmd += ["--policy-model", "none"]
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"

@@ -13,7 +13,8 @@ from inferd.router.router import POLICIES
 
 LIMIT_FLAGS = {"rpm": "requests per minute", "tpm": "tokens per minute (input + output)",
                "max_concurrency": "concurrent requests", "max_input_tokens": "input tokens per request",
-               "max_output_tokens": "output tokens per request"}
+               "max_output_tokens": "output tokens per request",
+               "max_sessions": "robot policy sessions open at once"}
 
 
 # parsers

@@ -8,22 +8,27 @@ from pathlib import Path
 from inferd.classical.config import ClassicalConfig
 from inferd.embeddings.config import EmbeddingConfig
 from inferd.engine.config import EngineConfig
-from inferd.gateway.deployments import ClassicalModel, EmbeddingModel, ModelKind, TextModel
+from inferd.gateway.deployments import ClassicalModel, EmbeddingModel, ModelKind, PolicyModel, TextModel
+from inferd.policy.config import PolicyConfig
 from inferd.protocol.classical import TabularSchema
 from inferd.protocol.embeddings import EmbeddingShape
+from inferd.protocol.policy import ObservationSpec
 
-SETTINGS: dict[str, type] = {"text": EngineConfig, "embedding": EmbeddingConfig, "classical": ClassicalConfig}
-Settings = EngineConfig | EmbeddingConfig | ClassicalConfig
+SETTINGS: dict[str, type] = {"text": EngineConfig, "embedding": EmbeddingConfig, "classical": ClassicalConfig,
+                             "policy": PolicyConfig}
+Settings = EngineConfig | EmbeddingConfig | ClassicalConfig | PolicyConfig
 KINDS = tuple(SETTINGS)
 
 
 def default_source(kind: str) -> Path:
-    """The kind's packaged model (classical: the demo iris classifier, trained here on first use)."""
+    """The kind's packaged model (classical: the demo iris classifier, trained here on first use; policy: the
+    demo reacher policy, trained in this project and shipped with it)."""
     from inferd.classical.demo import demo_model_path
     from inferd.models.loader import default_model_path
     from inferd.models.sentence import default_embedding_model_path
+    from inferd.policy.demo import demo_policy_path
     return {"text": default_model_path, "embedding": default_embedding_model_path,
-            "classical": demo_model_path}[kind]()
+            "classical": demo_model_path, "policy": demo_policy_path}[kind]()
 
 
 def source_path(kind: str, source: str | None) -> Path:
@@ -40,12 +45,18 @@ def gateway_model(card: dict, tokenizer_source: str | None = None, max_model_len
         return EmbeddingModel(_embedding_tokenizer(source), shape, bool(card.get("truncate")))
     if card.get("kind") == "classical":
         return ClassicalModel(TabularSchema.from_dict(card["schema"]), card.get("format", ""), card.get("platform", ""))
+    if card.get("kind") == "policy":
+        return policy_model(card["metadata"], card["max_frame_bytes"], card["max_sessions"], card["idle_timeout_s"])
     return TextModel(_text_tokenizer(source), max_model_len or card.get("max_model_len") or 8192)
 
 
 def model_from_files(kind: str, source: str | None, settings: Settings) -> ModelKind:
     """The gateway's part of a deployment before any replica answers (scaled to zero), from the model files."""
     path = source_path(kind, source)
+    if kind == "policy":
+        from inferd.policy.model import load_policy
+        files = load_policy(path)
+        return policy_model(files.metadata(), settings.max_frame_bytes, settings.max_sessions, settings.idle_timeout_s)
     if kind == "classical":
         from inferd.classical.formats import load_classical_model
         files = load_classical_model(path, settings)
@@ -58,6 +69,11 @@ def model_from_files(kind: str, source: str | None, settings: Settings) -> Model
         shape = EmbeddingShape(files.dimensions, files.max_input_tokens, len(before) + len(after), settings.matryoshka)
         return EmbeddingModel(files.tokenizer, shape, settings.truncate)
     return TextModel(_text_tokenizer(path), settings.max_model_len or _context_length(path))
+
+
+def policy_model(metadata: dict, max_frame_bytes: int, max_sessions: int, idle_timeout_s: float) -> PolicyModel:
+    return PolicyModel(metadata, ObservationSpec.from_dict(metadata["observation_spec"]), max_frame_bytes,
+                       max_sessions, idle_timeout_s)
 
 
 @functools.cache  # one per model source, however many deployments serve it

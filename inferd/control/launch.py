@@ -59,6 +59,13 @@ def classical_spec(source: str = "default") -> DeploymentSpec:
     return DeploymentSpec(name=name, kind="classical", model=ModelSpec(source))
 
 
+def policy_spec(source: str = "default") -> DeploymentSpec:
+    """`inferd serve`'s robot policy deployment: the demo reacher policy by default."""
+    from inferd.policy.demo import DEMO_NAME
+    name = DEMO_NAME if source == "default" else Path(source).name
+    return DeploymentSpec(name=name, kind="policy", model=ModelSpec(source))
+
+
 def replica_args(model: str | None, served_model_name: str | None, settings: Settings,
                  log_flags: Sequence[str] = (), kind: str = "text") -> list[str]:
     """`inferd replica` arguments: the kind, the model (None or "default": the packaged one), its name, and

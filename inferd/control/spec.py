@@ -87,7 +87,7 @@ class RolloutSpec:
 @dataclass(slots=True)
 class DeploymentSpec:
     name: str
-    kind: str = "text"  # one of kinds.KINDS: text (chat, completions) | embedding | classical (tabular)
+    kind: str = "text"  # one of kinds.KINDS: text (chat, completions) | embedding | classical (tabular) | policy
     version: str = "v1"
     role: str = "stable"  # or "canary": a second version of a stable deployment's name
     model: ModelSpec | None = None

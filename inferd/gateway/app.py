@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from inferd.gateway import admin, classical, embeddings, text
@@ -24,6 +24,7 @@ from inferd.gateway.deployments import Deployments, Upstream
 from inferd.gateway.federate import replica_metrics
 from inferd.gateway.kinds import Operation
 from inferd.gateway.lifecycle import RequestPath
+from inferd.gateway.sessions import PolicySessions
 from inferd.gateway.limits import Limiter
 from inferd.gateway.store import Store
 from inferd.gateway.transport import UpstreamTransport
@@ -70,6 +71,8 @@ class Gateway:
         self.services: list[Service] = []
         self.requests = RequestPath(config, self.keys, Charges(store), limiter, deployments, self.transport,
                                     self.record, self.metrics, self.tracer)
+        self.sessions = PolicySessions(self)  # robot policies over WebSocket
+        self.metrics.watch(self.sessions.collect)
 
     async def start(self) -> None:
         self.usage.start()
@@ -123,8 +126,9 @@ class GatewayRoutes:
                    for op in (*text.OPERATIONS, *embeddings.OPERATIONS, *classical.OPERATIONS)]
         return [Route("/v1/models", self.models, methods=["GET"]), *serving, *classical.OIPRoutes(self.gw).routes(),
                 Route("/health", self.health, methods=["GET"]),
+                Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/ready", self.ready, methods=["GET"]),
-                Route("/metrics", self.metrics, methods=["GET"])] + admin.routes(self.gw)
+                Route("/metrics", self.metrics, methods=["GET"]), *self.gw.sessions.routes()] + admin.routes(self.gw)
 
     def _serve(self, op: Operation):
         async def endpoint(request: Request) -> Response:
@@ -139,6 +143,10 @@ class GatewayRoutes:
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def healthz(self, request: Request) -> Response:
+        """What OpenPI's policy server answers there, for robot-side health checks."""
+        return PlainTextResponse("OK\n")
 
     async def ready(self, request: Request) -> Response:
         ok = all(self.gw.deployments.servable(d) for d in self.gw.deployments.by_name.values())

@@ -13,15 +13,18 @@ from inferd.router.router import RouterConfig
 
 @dataclass(slots=True, frozen=True)
 class ModelPrice:
-    """USD per million tokens."""
+    """USD per million tokens (a classical model's rows, a policy's observations count as input tokens), and
+    for robot policy sessions per hour connected."""
     input_usd_per_mtok: float = 0.0
     cached_input_usd_per_mtok: float = 0.0
     output_usd_per_mtok: float = 0.0
+    session_usd_per_hour: float = 0.0
 
-    def cost_usd(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+    def cost_usd(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int, session_s: float = 0.0
+                 ) -> float:
         fresh = prompt_tokens - cached_tokens
         return (fresh * self.input_usd_per_mtok + cached_tokens * self.cached_input_usd_per_mtok
-                + completion_tokens * self.output_usd_per_mtok) / 1e6
+                + completion_tokens * self.output_usd_per_mtok) / 1e6 + session_s / 3600 * self.session_usd_per_hour
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ from inferd.gateway.admission import AdmissionQueue
 from inferd.gateway.degrade import Degrader
 from inferd.protocol.classical import TabularSchema
 from inferd.protocol.embeddings import BatchTokenizer, EmbeddingShape
+from inferd.protocol.policy import ObservationSpec, websocket_path
 from inferd.protocol.tokenizer import Tokenizer
 from inferd.router.router import Router
 
@@ -53,7 +54,32 @@ class ClassicalModel:
                 "schema": self.schema.as_dict()}
 
 
-ModelKind = TextModel | EmbeddingModel | ClassicalModel
+@dataclass(slots=True, frozen=True)
+class PolicyModel:
+    """The robot-policy kind's part: what a session hears first and what its observations are checked against."""
+    metadata: dict  # the policy's: action_horizon, action_dim, control_hz, observation_spec, ...
+    spec: ObservationSpec
+    max_frame_bytes: int
+    max_sessions: int  # per replica
+    idle_timeout_s: float
+    kind: str = "policy"
+
+    @property
+    def horizon(self) -> int:
+        return self.metadata["action_horizon"]
+
+    @property
+    def control_hz(self) -> float:
+        return self.metadata["control_hz"]
+
+    def card(self) -> dict:
+        m = self.metadata
+        return {"kind": self.kind, "action_horizon": m["action_horizon"], "action_dim": m["action_dim"],
+                "control_hz": m["control_hz"], "observation_spec": self.spec.as_dict(),
+                "max_frame_bytes": self.max_frame_bytes}
+
+
+ModelKind = TextModel | EmbeddingModel | ClassicalModel | PolicyModel
 
 
 @dataclass(slots=True, eq=False)
@@ -98,6 +124,8 @@ class Deployment:
     def __post_init__(self):
         self.card = ({"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "inferd"}
                      | self.model.card() | {k: v for k, v in self.card.items() if k != "id"})
+        if self.model.kind == "policy":
+            self.card["websocket_path"] = websocket_path(self.name)
 
     def pick(self, prompt_ids: list[int], namespace: str, exclude: list[Upstream] = ()) -> Upstream:
         return self.router.pick([u for u in self.upstreams if u not in exclude] or self.upstreams,

@@ -19,6 +19,7 @@ class Limits:
     max_concurrency: int | None = None
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
+    max_sessions: int | None = None  # robot policy sessions open at once (per gateway)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None, where: str = "limits") -> "Limits":

@@ -47,13 +47,13 @@ class Store:
         self.url = url
         self.engine = make_engine(url)
 
-    def migrate(self) -> None:
-        """Bring the schema to the newest migration; data already there is kept."""
+    def migrate(self, revision: str = "head") -> None:
+        """Bring the schema to the newest migration (or `revision`); data already there is kept."""
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
         with self.engine.begin() as conn:
             config.attributes["connection"] = conn
-            command.upgrade(config, "head")
+            command.upgrade(config, revision)
 
     def close(self) -> None:
         self.engine.dispose()

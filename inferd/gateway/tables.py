@@ -61,6 +61,7 @@ usage_records = Table(
     Column("started_unix_s", Float, nullable=False),
     Column("ended_unix_s", Float, nullable=False),
     Column("gateway_id", String(64), nullable=False),
+    Column("units", JSON),  # what a record counts beyond tokens (a robot session: observations, actions, ...)
     UniqueConstraint("record_id", name="uq_usage_records_record_id"),
     Index("ix_usage_records_tenant_ended", "tenant_id", "ended_unix_s"),
 )

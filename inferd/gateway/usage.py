@@ -43,6 +43,7 @@ class UsageRecord:
     queue_s: float | None = None
     ttft_s: float | None = None
     cost_usd: float = 0.0
+    units: dict[str, float] | None = None  # beyond tokens: a robot session's observations, actions, seconds, ...
     ended_unix_s: float = field(default_factory=time.time)
     record_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 

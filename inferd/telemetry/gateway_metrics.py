@@ -46,6 +46,12 @@ class GatewayMetrics:
                                     "the deployment asked for and the action.", ["model", "action"], registry=r)
         self.fallbacks = Counter("inferd_gateway_fallbacks_total", "Requests a deployment failed and handed to "
                                  "a fallback deployment.", ["model", "fallback", "reason"], registry=r)
+        self.observations = Counter("inferd_gateway_policy_observations_total", "Robot policy observations by "
+                                    "outcome (answered, late, deadline_exceeded, superseded, invalid_observation, "
+                                    "...).", ["model", "outcome"], registry=r)
+        self.observation_s = Histogram("inferd_gateway_policy_observation_seconds", "Observation frame in to its "
+                                       "action chunk out, as the gateway sees it.", ["model"],
+                                       buckets=LATENCY_BUCKETS_S, registry=r)
         self._children: dict[tuple, object] = {}  # (metric, label values) -> its child: .labels() costs µs
 
     def _child(self, metric, *values: str):
@@ -79,6 +85,11 @@ class GatewayMetrics:
             self._child(self.cost, tenant, model).inc(cost_usd)
         if ttft_s is not None:
             self._child(self.ttft_s, model).observe(ttft_s)
+
+    def observed(self, model: str, outcome: str, latency_s: float | None = None) -> None:
+        self._child(self.observations, model, outcome).inc()
+        if latency_s is not None:
+            self._child(self.observation_s, model).observe(latency_s)
 
     def watch(self, collect: Callable[[], Iterator[Metric]]) -> None:
         self.registry.register(_Collector(collect))

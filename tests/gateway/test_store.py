@@ -33,8 +33,24 @@ def test_migrate_is_idempotent_and_keeps_data(store):
     store.migrate()
     assert store.tenant("acme").limits.tpm == 100
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0001"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0002"
     assert {"tenants", "api_keys", "usage_records"} <= set(inspect(store.engine).get_table_names())
+
+
+def test_a_store_of_the_first_schema_upgrades_with_its_usage_records(tmp_path):
+    old = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    old.migrate("0001")
+    row = {"record_id": "r1", "request_id": "q1", "attempt": 1, "model": "m", "status": "completed",
+           "http_status": 200, "prompt_tokens": 3, "cached_tokens": 0, "completion_tokens": 4, "e2e_s": 0.1,
+           "cost_usd": 0.0, "started_unix_s": 1.0, "ended_unix_s": 2.0, "gateway_id": "gw"}
+    with old.engine.begin() as conn:
+        conn.execute(text(f"INSERT INTO usage_records ({', '.join(row)}) VALUES ({', '.join(':' + k for k in row)})"),
+                     row)
+    old.migrate()
+    old.insert_usage([row | {"record_id": "r2", "units": {"observations": 5}}])
+    with old.engine.connect() as conn:
+        got = conn.execute(text("SELECT record_id, prompt_tokens, units FROM usage_records ORDER BY id")).all()
+    assert [(r[0], r[1]) for r in got] == [("r1", 3), ("r2", 3)] and got[0][2] is None and "observations" in got[1][2]
 
 
 def test_keys_are_stored_only_as_hashes(store):
