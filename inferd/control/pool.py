@@ -69,6 +69,7 @@ class ReplicaPool:
     _loop_task: asyncio.Task | None = None
     _closed: bool = False
     _names: int = 0
+    _sessions: Callable[[str], int] = lambda name: 0  # the gateway's open robot sessions of a deployment
 
     def __post_init__(self):
         if self.autoscaling is not None:
@@ -109,6 +110,7 @@ class ReplicaPool:
         if gateway is not None:
             gateway.metrics.watch(self.collect)
             gateway.observers.append(self.observe)
+            self._sessions = gateway.sessions.count
         self._set_capacity()
         self._loop_task = asyncio.create_task(self._run(), name=f"pool-{self.name}")
 
@@ -305,7 +307,8 @@ class ReplicaPool:
         return Signals(replicas=counts[STARTING] + counts[READY], starting=counts[STARTING],
                        queue_length=sum(s.length for s in stats),
                        queue_age_s=max((s.oldest_age_s for s in stats), default=0.0),
-                       waiting_tokens=sum(s.queued_tokens for s in stats), inflight=self.deployment.queue.inflight,
+                       waiting_tokens=sum(s.queued_tokens for s in stats),
+                       inflight=self.deployment.queue.inflight + self._sessions(self.name),  # a robot session holds a slot
                        kv_usage=sum(kv) / len(kv) if kv else 0.0,
                        ttft_p95_s=self.ttft.p95(now) if self.ttft else None, cold_start_s=self.cold_start.estimate_s)
 

@@ -312,12 +312,16 @@ class PolicySessions:
             http_status=exc.close or 4400, started_unix_s=time.time(), e2e_s=0.0,
             gateway_id=self.gw.config.gateway_id, tenant_id=key.tenant.id, key_id=key.id, error_code=exc.code))
 
+    def count(self, deployment: str) -> int:
+        """Sessions open on a deployment (the autoscaler's in-flight work for a policy)."""
+        return self.open.get(f"deployment:{deployment}", 0)
+
     def collect(self):
         """The open sessions per deployment, for the gateway's /metrics."""
         g = gauge("inferd_gateway_policy_sessions", "Robot policy sessions open.", ["model"])
         for name, d in self.gw.deployments.by_name.items():
             if d.model.kind == KIND:
-                g.add_metric([name], self.open.get(f"deployment:{name}", 0))
+                g.add_metric([name], self.count(name))
         yield g
 
 
