@@ -17,14 +17,15 @@ ALLOWED = {
     "replica": {"protocol", "engine", "models", "telemetry"},
     "embeddings": {"protocol", "replica", "models", "telemetry"},  # the replica of the embedding kind
     "classical": {"protocol", "replica", "models", "telemetry"},  # the replica of the classical (tabular) kind
-    "control": {"protocol", "gateway", "replica", "embeddings", "classical", "router", "models", "engine",
-                "telemetry"},
+    "policy": {"protocol", "replica", "models", "telemetry"},  # the robot-policy kind: model, simulator, replica
+    "control": {"protocol", "gateway", "replica", "embeddings", "classical", "policy", "router", "models",
+                "engine", "telemetry"},
     "bench": {"models"},  # prompts of a given length in the model's tokens
     "settings": set(),
 }
 EVERYONE = ("settings",)  # inferd/settings.py: config fields to flags; it imports nothing of inferd
 DATA_PATH = ("gateway", "router", "protocol")  # what a request passes through before a replica
-NEVER_FROM_DATA_PATH = ("control", "engine", "models", "replica", "embeddings", "classical", "cli")
+NEVER_FROM_DATA_PATH = ("control", "engine", "models", "replica", "embeddings", "classical", "policy", "cli")
 
 
 def _module(path: Path) -> str:
