@@ -17,9 +17,9 @@ ALLOWED = {
     "replica": {"protocol", "engine", "models", "telemetry"},
     "embeddings": {"protocol", "replica", "models", "telemetry"},  # the replica of the embedding kind
     "classical": {"protocol", "replica", "models", "telemetry"},  # the replica of the classical (tabular) kind
-    "policy": {"protocol", "replica", "models", "telemetry"},  # the replica of the robot policy kind
-    "control": {"protocol", "gateway", "replica", "embeddings", "classical", "policy", "router", "models", "engine",
-                "telemetry"},
+    "policy": {"protocol", "replica", "models", "telemetry"},  # the robot-policy kind: model, simulator, replica
+    "control": {"protocol", "gateway", "replica", "embeddings", "classical", "policy", "router", "models",
+                "engine", "telemetry"},
     "bench": {"models"},  # prompts of a given length in the model's tokens
     "settings": set(),
 }

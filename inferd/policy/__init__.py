@@ -1,0 +1,1 @@
+"""The robot-policy kind's model side: the network and its file format, the simulated task, training."""
