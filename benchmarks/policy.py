@@ -207,11 +207,13 @@ def robot(url: str, key: str | None, seeds: list[int], deadline_ms: float, out: 
                 time.sleep(max(0.0, tick - time.monotonic()))
             tick = max(tick, time.monotonic())  # a late answer does not make the robot rush to catch up
         successes += task.success()
+    client._ws.close()  # openpi-client has no close(); a session left open holds a slot until the idle timeout
     out.update(latencies=latencies, stamps=stamps, missed=missed, errors=errors, successes=successes,
-               episodes=len(seeds), stale_run=stale_run)
+               episodes=len(seeds), seeds=list(seeds), stale_run=stale_run)
 
 
-def run(url: str, key: str | None, robots: int, episodes: int, deadline_ms: float, stall: bool, target_port=None):
+def run(url: str, key: str | None, robots: int, episodes: int, deadline_ms: float, stall: bool, target_port,
+        expected: dict[int, bool]):
     outs = [{} for _ in range(robots)]
     stall_state = {"proxy": StallProxy(target_port)} if stall else None
     threads = []
@@ -226,10 +228,12 @@ def run(url: str, key: str | None, robots: int, episodes: int, deadline_ms: floa
         t.start()
     for t in threads:
         t.join()
-    return summarise(outs, deadline_ms, stall_state)
+    return summarise(outs, deadline_ms, stall_state, expected)
 
 
-def summarise(outs: list[dict], deadline_ms: float, stall: dict | None) -> dict:
+def summarise(outs: list[dict], deadline_ms: float, stall: dict | None, expected: dict[int, bool]) -> dict:
+    """Over the robots whose network was not stalled (the stalled one is reported under "stall")."""
+    stalled, outs = (outs[0], outs[1:]) if stall is not None else (None, outs)
     lat = [x * 1000 for o in outs for x in o["latencies"]]
     asked = sum(len(o["latencies"]) + sum(o["errors"].values()) for o in outs)
     p50, p99 = np.percentile(lat, 50), np.percentile(lat, 99)
@@ -238,12 +242,14 @@ def summarise(outs: list[dict], deadline_ms: float, stall: dict | None) -> dict:
            "missed_deadlines": sum(o["missed"] for o in outs), "missed_share": round(sum(o["missed"] for o in outs) / asked, 4),
            "errors": merge([o["errors"] for o in outs]),
            "success_rate": round(sum(o["successes"] for o in outs) / sum(o["episodes"] for o in outs), 3),
+           "in_process_success_rate": round(float(np.mean([expected[s] for o in outs for s in o["seeds"]])), 3),
            "episodes": sum(o["episodes"] for o in outs)}
     if stall is not None and stall.get("at"):
         at = stall["at"]
-        during = [x * 1000 for o in outs[1:] for x, t in zip(o["latencies"], o["stamps"]) if at <= t < at + STALL_S]
-        other = [x * 1000 for o in outs[1:] for x, t in zip(o["latencies"], o["stamps"]) if not at <= t < at + STALL_S]
+        during = [x * 1000 for o in outs for x, t in zip(o["latencies"], o["stamps"]) if at <= t < at + STALL_S]
+        other = [x * 1000 for o in outs for x, t in zip(o["latencies"], o["stamps"]) if not at <= t < at + STALL_S]
         out["stall"] = {"stalled_robot_was_answered": stall.get("answer"),
+                        "stalled_robot_success_rate": round(stalled["successes"] / stalled["episodes"], 3),
                         "others_p99_ms_during": round(float(np.percentile(during, 99)), 2) if during else None,
                         "others_p99_ms_otherwise": round(float(np.percentile(other, 99)), 2) if other else None}
     return out
@@ -257,16 +263,16 @@ def merge(dicts: list[dict]) -> dict:
     return total
 
 
-def in_process_success(robots: int, episodes: int) -> float:
+def in_process_success(robots: int, episodes: int) -> dict[int, bool]:
+    """Per seed of every robot's episodes: does the same policy, run in this process, succeed?"""
     from inferd.policy.model import load_policy
     from inferd.protocol.policy import ObservationSpec, check_observation
     files = load_policy(demo_policy_path(), threads=1)
     spec = ObservationSpec.from_dict(files.observation_spec)
     seeds = [10_000 + i * episodes + e for i in range(robots) for e in range(episodes)]
-    wins = 0
-    for seed in seeds:  # the robots' very episodes, one at a time
-        wins += evaluate(lambda obs: files.predict([check_observation(spec, obs).values])[0], 1, seed)["successes"]
-    return round(wins / len(seeds), 3)
+    task = ReacherTask(seeds[0])
+    return {seed: bool(evaluate(lambda obs: files.predict([check_observation(spec, obs).values])[0], 1, seed,
+                                task)["successes"]) for seed in seeds}
 
 
 def machine() -> str:
@@ -293,6 +299,9 @@ def main() -> None:
     deadline_ms = 1000 / meta_hz
     results = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "policy": DEMO_NAME,
                "deadline_ms": deadline_ms, "episodes_per_robot": args.episodes, "runs": []}
+    robots_all = max(map(int, args.robots.split(",")))
+    expected = in_process_success(robots_all, args.episodes)
+    results["in_process_success_rate"] = round(float(np.mean(list(expected.values()))), 3)
     with tempfile.TemporaryDirectory() as tmp:
         for server in args.servers.split(","):
             work = Path(tmp) / server
@@ -303,14 +312,52 @@ def main() -> None:
                 for robots in map(int, args.robots.split(",")):
                     for stall in (False, True) if robots > 1 else (False,):
                         for rep in range(args.repeats):
-                            r = run(url, key, robots, args.episodes, deadline_ms, stall, port)
-                            r |= {"server": server, "robots": robots, "stall": stall, "repeat": rep}
+                            r = run(url, key, robots, args.episodes, deadline_ms, stall, port, expected)
+                            r |= {"server": server, "robots": robots, "stalled": stall, "repeat": rep}
                             print(json.dumps(r), flush=True)
                             results["runs"].append(r)
-    robots_all = max(map(int, args.robots.split(",")))
-    results["in_process_success_rate"] = in_process_success(robots_all, args.episodes)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+        Path(args.out).with_suffix(".md").write_text(report(results))
+
+
+def report(results: dict) -> str:
+    """Medians over the repeats, per server, robots and stall; inferd over OpenPI as ratios."""
+    def median(runs, key):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    cells = {}
+    for r in results["runs"]:
+        cells.setdefault((r["robots"], r["stalled"]), {}).setdefault(r["server"], []).append(r)
+    lines = [f"# Robot policies in closed loop: inferd vs OpenPI's reference server ({results['date']})", "",
+             f"Machine: {results['machine']}; load generator, servers and simulators share it. Policy "
+             f"`{results['policy']}` (one torch thread in each server), Reacher at 50 Hz, a chunk of 10 actions "
+             f"per observation, deadline {results['deadline_ms']:g} ms after the observation, "
+             f"{results['episodes_per_robot']} episodes per robot per run, medians of {max(r['repeat'] for r in results['runs']) + 1} runs. "
+             f"In-process success of the same policy on the same episodes: {results['in_process_success_rate']}.", "",
+             "| robots | network stall | server | latency p50 ms | p99 ms | jitter (p99-p50) ms | missed deadlines | "
+             "success (in-process) | stalled robot was answered | others' p99 during the stall ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (robots, stalled), by_server in sorted(cells.items()):
+        for server, runs in sorted(by_server.items()):
+            stall = [r["stall"] for r in runs if "stall" in r]
+            answered = ", ".join(sorted({str(x["stalled_robot_was_answered"]) for x in stall})) if stall else "-"
+            during = statistics.median([x["others_p99_ms_during"] for x in stall if x["others_p99_ms_during"]]) \
+                if stall and any(x["others_p99_ms_during"] for x in stall) else None
+            lines.append(f"| {robots} | {'2 s, one robot' if stalled else '-'} | {server} | "
+                         f"{median(runs, 'latency_p50_ms'):.2f} | {median(runs, 'latency_p99_ms'):.2f} | "
+                         f"{median(runs, 'jitter_ms'):.2f} | {median(runs, 'missed_share') * 100:.1f} % | "
+                         f"{median(runs, 'success_rate'):.3f} ({median(runs, 'in_process_success_rate'):.3f}) | "
+                         f"{answered} | {'-' if during is None else f'{during:.2f}'} |")
+    lines += ["", "Ratios, inferd / OpenPI (medians):", ""]
+    for (robots, stalled), by_server in sorted(cells.items()):
+        if {"inferd", "openpi"} <= set(by_server):
+            i, o = by_server["inferd"], by_server["openpi"]
+            lines.append(f"- {robots} robot(s){', one stalled' if stalled else ''}: p50 "
+                         f"{median(i, 'latency_p50_ms') / median(o, 'latency_p50_ms'):.2f}x, p99 "
+                         f"{median(i, 'latency_p99_ms') / median(o, 'latency_p99_ms'):.2f}x")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 KIND = "policy"
 RETRY_SESSION_S = 5.0  # what a refused session is told to wait (openpi-client's own retry interval)
+READ_TIMEOUT_S = 60.0  # an observation without a deadline waits this long for its replica at most
 ROUND_TRIPS = 64  # recent replica round trips kept per deployment: the fastest bounds what a deadline needs
 
 
@@ -268,11 +269,19 @@ class PolicySessions:
             out[headers.DEADLINE_MS] = str(max(1, int(left_s * 1000)))
         sent = time.monotonic()
         upstream.enter(1)
+        request = httpx.Request("POST", f"{upstream.base_url}/v1/policy/infer", headers=out, content=e.frame,
+                                extensions={"timeout": {"connect": 5.0, "pool": None, "write": None,
+                                                        "read": READ_TIMEOUT_S if left_s is None else left_s + 1.0}})
         try:
-            r = await self.gw.client.post(f"{upstream.base_url}/v1/policy/infer", content=e.frame, headers=out)
+            r = await self.gw.transport.handle_async_request(request)
+            try:
+                await r.aread()
+            finally:
+                await r.aclose()
         except httpx.HTTPError as exc:
-            upstream.healthy = False  # out of routing until its /ready answers again
-            raise PolicyError("unavailable", f"The policy's replica could not be reached ({type(exc).__name__}); "
+            if isinstance(exc, httpx.ConnectError):
+                upstream.healthy = False  # out of routing until its /ready answers again
+            raise PolicyError("unavailable", f"The policy's replica did not answer ({type(exc).__name__}); "
                               "retry.", retry_after_s=1.0) from None
         finally:
             upstream.leave(1)
