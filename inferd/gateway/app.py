@@ -62,7 +62,7 @@ class Gateway:
         self.tracer = tracer or trace.NoOpTracer()
         self.tracer_provider = tracer_provider
         self.keys = KeyCache(store, config.key_cache_ttl_s)
-        self.usage = UsageWriter(store, config.spill_path)
+        self.usage = UsageWriter(store, config.usage_journal)
         self.metrics = GatewayMetrics(config.tenant_label_limit)
         self.metrics.watch(self._collect)
         self.started_unix_s = time.time()
@@ -75,7 +75,7 @@ class Gateway:
         self.metrics.watch(self.sessions.collect)
 
     async def start(self) -> None:
-        self.usage.start()
+        await self.usage.start()  # inserts what a killed predecessor journaled before anything is served
         for service in self.services:
             await service.start(self)
 
@@ -108,10 +108,10 @@ class Gateway:
                 tokens.add_metric([name, cls], s.queued_tokens)
             inflight.add_metric([name], d.queue.inflight)
         yield from (length, age, tokens, inflight)
-        pending = gauge("inferd_gateway_usage_records_pending", "Usage records not yet written.", [])
+        pending = gauge("inferd_gateway_usage_records_pending", "Usage records journaled, not yet in the store.", [])
         pending.add_metric([], self.usage.pending)
         yield pending
-        yield counter("inferd_gateway_usage_records_spilled", "Usage records written to the spill file.",
+        yield counter("inferd_gateway_usage_records_spilled", "Usage records the store refused; kept in the journal.",
                       self.usage.counters.spilled)
 
 

@@ -39,7 +39,7 @@ from inferd.protocol import headers
 from inferd.protocol.errors import (APIError, DeadlineExceeded, DeadlineUnmeetable, InvalidRequest, ModelNotFound,
                                     Overloaded, PermissionDenied, to_api_error)
 from inferd.protocol.http import cancelled_on_disconnect, read_body
-from inferd.protocol.sse import SSEResponse
+from inferd.protocol.sse import SSE_DONE, SSEResponse
 from inferd.telemetry.gateway_metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,7 @@ class Exchange:
     headers: dict[str, str] = field(default_factory=dict)  # said on every response (degraded, fallback)
     refusal: BaseException | None = None  # what ended it before any attempt
     content: bytes = b""  # the client's body, as it came (a plan without a body of its own forwards it)
+    finished: bool = False  # _finish ran (at a stream's end, before its [DONE], or in the finally)
 
     def begin(self, plan: Plan, admission: Admission) -> Attempt:
         attempt = Attempt(len(self.attempts) + 1, plan, admission)
@@ -175,6 +176,9 @@ class RequestPath:
             async for chunk in relay.relay_stream(response, attempt.outcome, x.arrival_s,
                                                   attempt.deployment.internal_headers, plan.usage_mode):
                 yield chunk
+            if attempt.outcome.stream_done:
+                await self._finish(x)  # the records are journaled before the client has the stream's end
+                yield SSE_DONE
         except BaseException as exc:  # an API error, or the client went away (cancelled)
             if not x.attempts:
                 x.refusal = exc
@@ -349,7 +353,10 @@ class RequestPath:
     # the end
 
     async def _finish(self, x: Exchange) -> None:
-        """Settle, release and record every attempt; then the access line and the span."""
+        """Settle, release and record every attempt; then the access line and the span. Once."""
+        if x.finished:
+            return
+        x.finished = True
         records = []
         for attempt, nxt in zip(x.attempts, [*x.attempts[1:], None]):
             attempt.leave_upstream()

@@ -66,7 +66,7 @@ def make_gateway(tmp_path, replicas: Replicas, deployments: list[Deployment], **
     store.migrate()
     store.create_tenant("t")
     _, new = store.create_key("t")
-    config = GatewayConfig(db_url=store.url, spill_path=tmp_path / "spill.jsonl", **config)
+    config = GatewayConfig(db_url=store.url, usage_journal=tmp_path / "usage.journal", **config)
     ds = Deployments()
     for d in deployments:
         ds.add(d)
