@@ -1,6 +1,7 @@
 """One request's life in the gateway, owned by one coroutine from its first byte to its usage records.
 
     authenticate → read and validate the body → resolve the deployment (canary share, access list)
+    → refuse early what needs no plan (request-rate and concurrency limits, a full queue or queue share)
     → plan on it (the kind counts and bounds the work; the degradation ladder may cap or re-route it)
     → attempts: admission on a deployment (reserve against limits and budget, wait for a queue slot),
       then its replicas (an unreachable one is followed by one other), then each fallback deployment once
@@ -27,7 +28,8 @@ from starlette.responses import Response
 from inferd.gateway import relay
 from inferd.gateway.admission import QueueRejected, Ticket
 from inferd.gateway.auth import KeyCache
-from inferd.gateway.charges import Charges, Plan, actual_amounts, queue_rejected, rate_limited
+from inferd.gateway.charges import (Charges, Plan, actual_amounts, queue_rejected, rate_limited,
+                                    request_charges)
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.degrade import degrade
 from inferd.gateway.kinds import Operation
@@ -47,6 +49,7 @@ access_log = logging.getLogger("inferd.gateway.access")
 
 UNKNOWN_MODEL = "unknown"  # requests refused before their model was resolved
 MAX_REPLICAS_PER_ATTEMPT = 2  # an unreachable replica is followed by at most one other of the same deployment
+UNPLANNED = Plan(0, 0, 0, 0.0, None, False)  # the plan of an attempt refused before planning (_refuse_early)
 
 
 class Recorder(Protocol):
@@ -162,6 +165,7 @@ class RequestPath:
             asked = self._deployment(x.key, op, *_model_asked(request, op, body))
             x.priority_class = priority_class(x.key, request)
             x.deadline_s = deadline_s(x.key, request, x.arrival_s)
+            await self._refuse_early(x, asked)
             deployment, plan = self._plan(x, op, asked, body, raw)
             x.span.update_name(f"{op.name} {deployment.name}")
             x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
@@ -202,6 +206,26 @@ class RequestPath:
             raise PermissionDenied(f"Your key may not use the model '{deployment.name}'.", param="model",
                                    code="model_not_allowed")
         return deployment
+
+    async def _refuse_early(self, x: Exchange, d: Deployment) -> None:
+        """What refuses most and needs no plan, before the prompt is tokenized: the key's request-rate and
+        concurrency limits, then room in d's queue and the tenant's share of it (unless a fallback or the
+        degradation ladder could still take the request elsewhere). Nothing is taken here; admission asks the
+        same again with the plan's real amounts."""
+        err = None
+        if charges := request_charges(x.key, d.name):
+            try:
+                await self.limiter.check(charges)
+            except RateLimited as exc:
+                err = rate_limited(exc)
+        if err is None and not d.fallbacks and d.degrader is None:
+            try:
+                d.queue.check_room(self._ticket(x, 0))
+            except QueueRejected as exc:
+                err = queue_rejected(exc)
+        if err is not None:
+            self._refuse(x.begin(UNPLANNED, Admission(d)), err, "rejected")
+            raise err
 
     def _plan(self, x: Exchange, op: Operation, d: Deployment, body, raw: dict) -> tuple[Deployment, Plan]:
         """The plan on its deployment, after the deployment's degradation ladder (if it is overloaded)."""
@@ -282,11 +306,9 @@ class RequestPath:
                 a.reservation = await self.limiter.reserve(charges)
             except RateLimited as exc:
                 return self._refuse(attempt, rate_limited(exc), "rejected")
-        ticket = Ticket(x.key.tenant.id, x.priority_class, plan.reserved_tokens, x.key.tenant.weight,
-                        x.key.tenant.queue_share, x.deadline_s, enqueued_s=x.arrival_s)
         with self._child("queue", x) as span:
             try:
-                a.queue_s = await d.queue.admit(ticket)
+                a.queue_s = await d.queue.admit(self._ticket(x, plan.reserved_tokens))
             except QueueRejected as exc:
                 err = queue_rejected(exc)
                 return self._refuse(attempt, err, "rejected", err.code if isinstance(err, Overloaded) else None)
@@ -296,6 +318,11 @@ class RequestPath:
         a.dispatched_s = time.monotonic()
         self.metrics.admitted(d.name, x.priority_class, a.queue_s)
         return True
+
+    def _ticket(self, x: Exchange, tokens: int) -> Ticket:
+        tenant = x.key.tenant
+        return Ticket(tenant.id, x.priority_class, tokens, tenant.weight, tenant.queue_share, x.deadline_s,
+                      enqueued_s=x.arrival_s)
 
     def _refuse(self, attempt: Attempt, err: APIError, status: str, retry_reason: str | None = None) -> bool:
         attempt.outcome.fail(err, status, retry_reason)
