@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("inferd.gateway.access")
 
 UNKNOWN_MODEL = "unknown"  # requests refused before their model was resolved
-MAX_REPLICAS_PER_ATTEMPT = 2  # an unreachable replica is followed by at most one other of the same deployment
+MAX_REPLICAS_PER_ATTEMPT = 2  # a replica that gave no answer is followed by at most one other of the deployment
 UNPLANNED = Plan(0, 0, 0, 0.0, None, False)  # the plan of an attempt refused before planning (_refuse_early)
 
 
@@ -283,7 +283,8 @@ class RequestPath:
 
     async def _on_deployment(self, x: Exchange, op: Operation, d: Deployment, plan: Plan
                              ) -> tuple[Attempt, httpx.Response | None]:
-        """Admission on d, then its replicas: an unreachable one is followed by one other, if healthy."""
+        """Admission on d, then its replicas: one that gave no answer (unreachable, or its connection broke
+        before the response head) is followed by one other, if healthy; each attempt has its own record."""
         shared = Admission(d)
         attempt = x.begin(plan, shared)
         if not await self._admit(x, attempt):
@@ -291,7 +292,7 @@ class RequestPath:
         tried: list[Upstream] = []
         while True:
             response = await self._send(x, op, attempt, tried)
-            if response is not None or not attempt.outcome.unreachable:
+            if response is not None or not attempt.outcome.no_answer:
                 return attempt, response
             if len(tried) >= MAX_REPLICAS_PER_ATTEMPT or not any(u.healthy and u not in tried for u in d.upstreams):
                 return attempt, None

@@ -38,6 +38,7 @@ class Outcome:
     first_token_unix_ns: int | None = None  # for the span's first_token event
     retry_reason: str | None = None  # nothing reached the client: a fallback deployment may take it
     unreachable: bool = False  # no connection: another replica of the same deployment may take it
+    no_answer: bool = False  # failed before the answer's head (no connection, a reset, a read error): ditto
     stream_done: bool = False  # the stream ended with [DONE] (or an error event): the lifecycle sends [DONE]
     error: APIError | None = None  # what the client is told if no other attempt follows
 
@@ -66,14 +67,21 @@ class Outcome:
 
 async def send(transport: httpx.AsyncBaseTransport, url: httpx.URL, request_headers: dict[str, str], body: bytes,
                outcome: Outcome) -> httpx.Response | None:
-    """The upstream's response head, or None with the outcome failed (unreachable: retryable)."""
+    """The upstream's response head, or None with the outcome failed. Nothing of the answer came back when the
+    connection failed (unreachable) or broke before the head (a replica that died between requests, its pooled
+    connection reset): another replica may take the request (no_answer). A read timeout is not retried: the
+    replica may still be working on it."""
     try:
         return await transport.handle_async_request(
             httpx.Request("POST", url, headers=request_headers, content=body, extensions={"timeout": TIMEOUTS}))
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         outcome.fail(UpstreamFailed(f"No replica could be reached ({type(exc).__name__}); retry the request."),
                      retry_reason=UpstreamFailed.code)
-        outcome.unreachable = True
+        outcome.unreachable = outcome.no_answer = True
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        outcome.fail(UpstreamFailed(f"The replica failed ({type(exc).__name__}); retry the request."),
+                     retry_reason=UpstreamFailed.code)
+        outcome.no_answer = True
     except httpx.HTTPError as exc:
         outcome.fail(UpstreamFailed(f"The replica failed ({type(exc).__name__}); retry the request."),
                      retry_reason=UpstreamFailed.code)

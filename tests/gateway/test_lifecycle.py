@@ -126,6 +126,31 @@ def test_an_unreachable_replica_is_followed_by_another_with_a_record_each(tmp_pa
     assert all(u.inflight == 0 for u in gw.deployments.get("m").upstreams)
 
 
+async def reset(request: httpx.Request) -> httpx.Response:
+    raise httpx.RemoteProtocolError("the server closed the connection before the response ended", request=request)
+
+
+def test_a_replica_whose_connection_breaks_before_the_head_is_followed_by_another(tmp_path):
+    gw, key = make_gateway(tmp_path, Replicas(a=reset, b=ok), [deployment("m", "a", "b")])
+    gw.deployments.get("m").router.config.policy = "round_robin"
+    r, records = run(gw, key)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hi there"
+    assert [(x.attempt, x.status, x.replica, x.error_code) for x in records] == [
+        (1, "failed", "a", "upstream_unavailable"), (2, "completed", "b", None)]
+    assert gw.deployments.get("m").upstreams[0].healthy  # it may be alive (a stale connection): the probe says
+    assert all(u.inflight == 0 for u in gw.deployments.get("m").upstreams) and gw.deployments.get("m").queue.inflight == 0
+
+
+def test_a_read_timeout_is_not_sent_to_another_replica(tmp_path):
+    async def slow(request):
+        raise httpx.ReadTimeout("the upstream did not answer within the read timeout", request=request)
+
+    gw, key = make_gateway(tmp_path, Replicas(a=slow, b=ok), [deployment("m", "a", "b")])
+    gw.deployments.get("m").router.config.policy = "round_robin"
+    r, records = run(gw, key)
+    assert r.status_code == 503 and [(x.replica, x.status) for x in records] == [("a", "failed")]
+
+
 def test_no_replica_reachable_is_a_503_and_nothing_is_billed(tmp_path):
     gw, key = make_gateway(tmp_path, Replicas(a=refused), [deployment("m", "a")])
     r, records = run(gw, key)
