@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from inferd.gateway import admin, classical, embeddings, text
-from inferd.gateway.auth import KeyCache
+from inferd.gateway.auth import KeyCache, client_address
 from inferd.gateway.charges import Charges
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.deployments import Deployments, Upstream
@@ -153,7 +153,7 @@ class GatewayRoutes:
         return JSONResponse({"status": "ready" if ok else "not ready"}, status_code=200 if ok else 503)
 
     async def models(self, request: Request) -> Response:
-        key = await self.gw.keys.authenticate(request.headers.get("authorization"))
+        key = await self.gw.keys.authenticate(request.headers.get("authorization"), client_address(request))
         cards = [d.card for d in self.gw.deployments.by_name.values() if key.may_use(d.name)]
         return JSONResponse({"object": "list", "data": cards})
 

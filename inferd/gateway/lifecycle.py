@@ -27,7 +27,7 @@ from starlette.responses import Response
 
 from inferd.gateway import relay
 from inferd.gateway.admission import QueueRejected, Ticket
-from inferd.gateway.auth import KeyCache
+from inferd.gateway.auth import KeyCache, client_address
 from inferd.gateway.charges import (Charges, Plan, actual_amounts, queue_rejected, rate_limited,
                                     request_charges)
 from inferd.gateway.config import GatewayConfig
@@ -157,7 +157,7 @@ class RequestPath:
                 "inferd.request_id": state.request_id}))
         try:
             with self._child("auth", x):
-                x.key = await self.keys.authenticate(request.headers.get("authorization"))
+                x.key = await self.keys.authenticate(request.headers.get("authorization"), client_address(request))
             x.content = await read_body(request, min(op.max_body_bytes or self.config.max_body_bytes,
                                                      self.config.max_body_bytes))
             raw = op.decode(x.content)
