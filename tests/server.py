@@ -18,24 +18,32 @@ def running_server(log_path: Path, *args: str, embeddings: bool = False, classic
                    policy: bool = False) -> Iterator[str]:
     """`inferd serve --dtype float32 ARGS` until the block ends; yields its base URL once /ready answers 200.
 
-    Its store is an SQLite file beside the log (db_url(log_path)), so each server starts empty. Without
-    `embeddings` it serves no embedding model, without `classical` no classical one, without `policy` no robot
-    policy (a replica fewer each)."""
+    Its store is an SQLite file beside the log (db_url(log_path)), so each server starts empty; so is its
+    usage journal. Without `embeddings` it serves no embedding model, without `classical` no classical one,
+    without `policy` no robot policy (a replica fewer each)."""
+    with server_process(log_path, *args, embeddings=embeddings, classical=classical, policy=policy) as (_, url):
+        yield url
+
+
+@contextmanager
+def server_process(log_path: Path, *args: str, embeddings: bool = False, classical: bool = False,
+                   policy: bool = False) -> Iterator[tuple[subprocess.Popen, str]]:
+    """running_server's process and URL, for a test that kills it; terminated at the end if it still runs."""
     port = free_port()
     cmd = [sys.executable, "-m", "inferd.cli", "serve", "--dtype", "float32", "--port", str(port),
-           "--db", db_url(log_path), "--spill-path", str(log_path.with_name("usage-spill.jsonl")), *args]
+           "--db", db_url(log_path), "--usage-journal", str(log_path.with_name("usage.journal")), *args]
     if not embeddings and "--config" not in args:
         cmd += ["--embedding-model", "none"]
     if not classical and "--config" not in args:
         cmd += ["--classical-model", "none"]
     if not policy and "--config" not in args:
         cmd += ["--policy-model", "none"]
-    with log_path.open("w") as log:
+    with log_path.open("a") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, log_path)
-        yield url
+        yield proc, url
     finally:
         proc.terminate()
         try:

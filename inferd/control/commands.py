@@ -36,7 +36,9 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
                    "(default: replicas x --max-num-seqs, or 64)")
     p.add_argument("--max-queue-len", type=int, default=None, help="waiting requests per deployment (default 256)")
     p.add_argument("--max-queued-tokens", type=int, default=None, help="reserved tokens waiting per deployment")
-    p.add_argument("--spill-path", default=None, help="usage records go here while the store is down")
+    p.add_argument("--usage-journal", "--spill-path", dest="usage_journal", default=None,
+                   help="usage records are appended here before the answer leaves, until the store has them "
+                   "(one per gateway; default ~/.inferd/usage.journal)")
     p.add_argument("--router", choices=POLICIES, default="prefix",
                    help="replica choice: prefix-cache affinity against load (default), least_loaded, round_robin")
     p.add_argument("--router-affinity-weight", type=float, default=1.0)

@@ -34,8 +34,8 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
                            admin_key=args.admin_key, prices=settings.get("prices", {}), queue=queue,
                            otlp_endpoint=args.otlp_endpoint,
                            router=RouterConfig(args.router, args.router_affinity_weight, args.router_load_weight))
-    if args.spill_path:
-        config.spill_path = Path(args.spill_path)
+    if args.usage_journal:
+        config.usage_journal = Path(args.usage_journal)
     return config
 
 

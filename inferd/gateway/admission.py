@@ -72,7 +72,7 @@ class AdmissionQueue:
 
     async def admit(self, ticket: Ticket) -> float:
         """Wait for a slot; returns the seconds waited. Raises QueueRejected or DeadlineExceeded."""
-        self._check_room(ticket)
+        self.check_room(ticket)
         self._enqueue(ticket)
         self._dispatch()
         try:
@@ -128,7 +128,9 @@ class AdmissionQueue:
 
     # queueing
 
-    def _check_room(self, ticket: Ticket) -> None:
+    def check_room(self, ticket: Ticket) -> None:
+        """Raises QueueRejected if the ticket cannot wait now; admit asks this first, and the lifecycle asks it
+        before planning (with tokens=0) so that a full queue refuses before the prompt is tokenized."""
         cfg = self.config
         if self._length >= cfg.max_queue_len:
             raise QueueRejected("queue_full", self._retry_after_s())

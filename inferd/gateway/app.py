@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from inferd.gateway import admin, classical, embeddings, text
-from inferd.gateway.auth import KeyCache
+from inferd.gateway.auth import KeyCache, client_address
 from inferd.gateway.charges import Charges
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.deployments import Deployments, Upstream
@@ -62,7 +62,7 @@ class Gateway:
         self.tracer = tracer or trace.NoOpTracer()
         self.tracer_provider = tracer_provider
         self.keys = KeyCache(store, config.key_cache_ttl_s)
-        self.usage = UsageWriter(store, config.spill_path)
+        self.usage = UsageWriter(store, config.usage_journal)
         self.metrics = GatewayMetrics(config.tenant_label_limit)
         self.metrics.watch(self._collect)
         self.started_unix_s = time.time()
@@ -75,7 +75,7 @@ class Gateway:
         self.metrics.watch(self.sessions.collect)
 
     async def start(self) -> None:
-        self.usage.start()
+        await self.usage.start()  # inserts what a killed predecessor journaled before anything is served
         for service in self.services:
             await service.start(self)
 
@@ -108,10 +108,10 @@ class Gateway:
                 tokens.add_metric([name, cls], s.queued_tokens)
             inflight.add_metric([name], d.queue.inflight)
         yield from (length, age, tokens, inflight)
-        pending = gauge("inferd_gateway_usage_records_pending", "Usage records not yet written.", [])
+        pending = gauge("inferd_gateway_usage_records_pending", "Usage records journaled, not yet in the store.", [])
         pending.add_metric([], self.usage.pending)
         yield pending
-        yield counter("inferd_gateway_usage_records_spilled", "Usage records written to the spill file.",
+        yield counter("inferd_gateway_usage_records_spilled", "Usage records the store refused; kept in the journal.",
                       self.usage.counters.spilled)
 
 
@@ -153,7 +153,7 @@ class GatewayRoutes:
         return JSONResponse({"status": "ready" if ok else "not ready"}, status_code=200 if ok else 503)
 
     async def models(self, request: Request) -> Response:
-        key = await self.gw.keys.authenticate(request.headers.get("authorization"))
+        key = await self.gw.keys.authenticate(request.headers.get("authorization"), client_address(request))
         cards = [d.card for d in self.gw.deployments.by_name.values() if key.may_use(d.name)]
         return JSONResponse({"object": "list", "data": cards})
 

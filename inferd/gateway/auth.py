@@ -1,36 +1,100 @@
-"""API key authentication with a short-lived cache, so revocation reaches every gateway within a second."""
+"""API key authentication with a short-lived cache, so revocation reaches every gateway within a second.
+
+A key id the store does not have is cached as absent for the same TTL, so repeating an unknown key costs one
+store read per TTL. Random keys are each new, so failed authentications are also limited per client
+address (a token bucket): an address past its allowance is answered 429 at once, without a store read,
+unless its key is one the cache already holds as valid (good clients behind the same address keep working).
+"""
 import asyncio
 import time
+from collections import OrderedDict
 
-from inferd.protocol.errors import AuthenticationFailed
 from inferd.gateway.keys import key_matches, lookup_id_of
+from inferd.gateway.limits import retry_after_header
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.store import Store
+from inferd.protocol.errors import AuthenticationFailed, RateLimitExceeded
 
 MAX_CACHED_KEYS = 10_000
+AUTH_FAILURE_BURST = 20  # failed authentications an address may make at once
+AUTH_FAILURES_PER_S = 1.0  # and then this many a second
+MAX_TRACKED_ADDRESSES = 10_000  # beyond, the least recently failed address is forgotten
+
+
+class FailedAuthentications:
+    """Per client address: a bucket of AUTH_FAILURE_BURST failures refilled at AUTH_FAILURES_PER_S."""
+
+    def __init__(self, burst: float = AUTH_FAILURE_BURST, per_s: float = AUTH_FAILURES_PER_S,
+                 max_addresses: int = MAX_TRACKED_ADDRESSES, clock=time.monotonic):
+        self.burst, self.per_s, self.max_addresses, self._clock = burst, per_s, max_addresses, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # address: (level, at)
+
+    @property
+    def tracked(self) -> int:
+        return len(self._buckets)
+
+    def retry_after_s(self, address: str) -> float:
+        """0.0 if the address may try; else seconds until it may again."""
+        level = self._level(address)
+        return 0.0 if level >= 1.0 else (1.0 - level) / self.per_s
+
+    def failed(self, address: str) -> None:
+        self._buckets[address] = (self._level(address) - 1.0, self._clock())
+        self._buckets.move_to_end(address)
+        if len(self._buckets) > self.max_addresses:
+            self._buckets.popitem(last=False)
+
+    def _level(self, address: str) -> float:
+        level, at = self._buckets.get(address, (self.burst, 0.0))
+        return min(self.burst, level + (self._clock() - at) * self.per_s)
+
+
+def client_address(request) -> str | None:
+    """The peer's address (behind a proxy every client is the proxy's address: they share one allowance)."""
+    return request.client.host if request.client else None
 
 
 class KeyCache:
     def __init__(self, store: Store, ttl_s: float):
         self.store = store
         self.ttl_s = ttl_s
+        self.failures = FailedAuthentications()
+        self.store_reads = 0
         self._cache: dict[str, tuple[float, tuple[KeyPolicy, str] | None]] = {}
         self._loading: dict[str, asyncio.Future] = {}
 
-    async def authenticate(self, authorization: str | None) -> KeyPolicy:
+    async def authenticate(self, authorization: str | None, client: str | None = None) -> KeyPolicy:
+        """The key's policy; client (the peer's address) is charged for a failure and refused past its allowance."""
         scheme, _, key = (authorization or "").partition(" ")
         key = key.strip()
-        if scheme.lower() != "bearer" or not key:
+        lookup = lookup_id_of(key) if scheme.lower() == "bearer" and key else None
+        cached = self._cached(lookup) if lookup else None
+        if cached is not None and key_matches(key, cached[1]):
+            return cached[0]
+        if client is not None and (wait_s := self.failures.retry_after_s(client)):
+            raise RateLimitExceeded(f"Too many failed authentications from {client}; retry after {wait_s:.1f} s.",
+                                    code="too_many_failed_authentications",
+                                    headers={"retry-after": retry_after_header(wait_s)})
+        if lookup is None:
+            self._failed(client)
             raise AuthenticationFailed("Missing API key: send it as 'Authorization: Bearer <key>'.")
-        found = await self._find(lookup_id_of(key))
+        found = await self._find(lookup)
         if found is None or not key_matches(key, found[1]):
+            self._failed(client)
             raise AuthenticationFailed("Incorrect API key provided.")
         return found[0]
 
-    async def _find(self, lookup: str) -> tuple[KeyPolicy, str] | None:
-        now = time.monotonic()
+    def _failed(self, client: str | None) -> None:
+        if client is not None:
+            self.failures.failed(client)
+
+    def _cached(self, lookup: str) -> tuple[KeyPolicy, str] | None:
         cached = self._cache.get(lookup)
-        if cached is not None and cached[0] > now:
+        return cached[1] if cached is not None and cached[0] > time.monotonic() else None
+
+    async def _find(self, lookup: str) -> tuple[KeyPolicy, str] | None:
+        cached = self._cache.get(lookup)
+        if cached is not None and cached[0] > time.monotonic():
             return cached[1]
         if lookup not in self._loading:  # one store read per key however many requests wait for it
             self._loading[lookup] = asyncio.ensure_future(self._load(lookup))
@@ -38,6 +102,7 @@ class KeyCache:
 
     async def _load(self, lookup: str) -> tuple[KeyPolicy, str] | None:
         try:
+            self.store_reads += 1
             found = await asyncio.to_thread(self.store.find_key, lookup)
             if len(self._cache) >= MAX_CACHED_KEYS:
                 self._evict_expired()

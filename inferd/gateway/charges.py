@@ -73,6 +73,11 @@ def limit_charges(key: KeyPolicy, model: str, tokens: int) -> list[Charge]:
     return out
 
 
+def request_charges(key: KeyPolicy, model: str) -> list[Charge]:
+    """The charges counted in requests (rate and concurrency), known before the prompt is tokenized."""
+    return [c for c in limit_charges(key, model, 0) if c.name != "tokens_per_minute"]
+
+
 def actual_amounts(charges: list[Charge], tokens: int, cost_usd: float) -> dict[str, float]:
     """What settling a reservation counts: the tokens and cost the request really used."""
     return {c.key: tokens if c.name == "tokens_per_minute" else cost_usd

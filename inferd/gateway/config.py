@@ -39,7 +39,7 @@ class GatewayConfig:
     queue: QueueConfig = field(default_factory=QueueConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     key_cache_ttl_s: float = 0.5  # a revoked key stops working within this (+ one store read)
-    spill_path: Path = Path.home() / ".inferd" / "usage-spill.jsonl"
+    usage_journal: Path = Path.home() / ".inferd" / "usage.journal"  # one per gateway process (usage.py)
     max_body_bytes: int = 16 * 2**20
     tenant_label_limit: int = 100  # tenants named in metrics; the rest are counted as "other"
     otlp_endpoint: str | None = None

@@ -1,6 +1,7 @@
 """One request's life in the gateway, owned by one coroutine from its first byte to its usage records.
 
     authenticate → read and validate the body → resolve the deployment (canary share, access list)
+    → refuse early what needs no plan (request-rate and concurrency limits, a full queue or queue share)
     → plan on it (the kind counts and bounds the work; the degradation ladder may cap or re-route it)
     → attempts: admission on a deployment (reserve against limits and budget, wait for a queue slot),
       then its replicas (an unreachable one is followed by one other), then each fallback deployment once
@@ -26,8 +27,9 @@ from starlette.responses import Response
 
 from inferd.gateway import relay
 from inferd.gateway.admission import QueueRejected, Ticket
-from inferd.gateway.auth import KeyCache
-from inferd.gateway.charges import Charges, Plan, actual_amounts, queue_rejected, rate_limited
+from inferd.gateway.auth import KeyCache, client_address
+from inferd.gateway.charges import (Charges, Plan, actual_amounts, queue_rejected, rate_limited,
+                                    request_charges)
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.degrade import degrade
 from inferd.gateway.kinds import Operation
@@ -39,14 +41,15 @@ from inferd.protocol import headers
 from inferd.protocol.errors import (APIError, DeadlineExceeded, DeadlineUnmeetable, InvalidRequest, ModelNotFound,
                                     Overloaded, PermissionDenied, to_api_error)
 from inferd.protocol.http import cancelled_on_disconnect, read_body
-from inferd.protocol.sse import SSEResponse
+from inferd.protocol.sse import SSE_DONE, SSEResponse
 from inferd.telemetry.gateway_metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("inferd.gateway.access")
 
 UNKNOWN_MODEL = "unknown"  # requests refused before their model was resolved
-MAX_REPLICAS_PER_ATTEMPT = 2  # an unreachable replica is followed by at most one other of the same deployment
+MAX_REPLICAS_PER_ATTEMPT = 2  # a replica that gave no answer is followed by at most one other of the deployment
+UNPLANNED = Plan(0, 0, 0, 0.0, None, False)  # the plan of an attempt refused before planning (_refuse_early)
 
 
 class Recorder(Protocol):
@@ -100,6 +103,7 @@ class Exchange:
     headers: dict[str, str] = field(default_factory=dict)  # said on every response (degraded, fallback)
     refusal: BaseException | None = None  # what ended it before any attempt
     content: bytes = b""  # the client's body, as it came (a plan without a body of its own forwards it)
+    finished: bool = False  # _finish ran (at a stream's end, before its [DONE], or in the finally)
 
     def begin(self, plan: Plan, admission: Admission) -> Attempt:
         attempt = Attempt(len(self.attempts) + 1, plan, admission)
@@ -153,7 +157,7 @@ class RequestPath:
                 "inferd.request_id": state.request_id}))
         try:
             with self._child("auth", x):
-                x.key = await self.keys.authenticate(request.headers.get("authorization"))
+                x.key = await self.keys.authenticate(request.headers.get("authorization"), client_address(request))
             x.content = await read_body(request, min(op.max_body_bytes or self.config.max_body_bytes,
                                                      self.config.max_body_bytes))
             raw = op.decode(x.content)
@@ -161,6 +165,7 @@ class RequestPath:
             asked = self._deployment(x.key, op, *_model_asked(request, op, body))
             x.priority_class = priority_class(x.key, request)
             x.deadline_s = deadline_s(x.key, request, x.arrival_s)
+            await self._refuse_early(x, asked)
             deployment, plan = self._plan(x, op, asked, body, raw)
             x.span.update_name(f"{op.name} {deployment.name}")
             x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
@@ -175,6 +180,9 @@ class RequestPath:
             async for chunk in relay.relay_stream(response, attempt.outcome, x.arrival_s,
                                                   attempt.deployment.internal_headers, plan.usage_mode):
                 yield chunk
+            if attempt.outcome.stream_done:
+                await self._finish(x)  # the records are journaled before the client has the stream's end
+                yield SSE_DONE
         except BaseException as exc:  # an API error, or the client went away (cancelled)
             if not x.attempts:
                 x.refusal = exc
@@ -198,6 +206,26 @@ class RequestPath:
             raise PermissionDenied(f"Your key may not use the model '{deployment.name}'.", param="model",
                                    code="model_not_allowed")
         return deployment
+
+    async def _refuse_early(self, x: Exchange, d: Deployment) -> None:
+        """What refuses most and needs no plan, before the prompt is tokenized: the key's request-rate and
+        concurrency limits, then room in d's queue and the tenant's share of it (unless a fallback or the
+        degradation ladder could still take the request elsewhere). Nothing is taken here; admission asks the
+        same again with the plan's real amounts."""
+        err = None
+        if charges := request_charges(x.key, d.name):
+            try:
+                await self.limiter.check(charges)
+            except RateLimited as exc:
+                err = rate_limited(exc)
+        if err is None and not d.fallbacks and d.degrader is None:
+            try:
+                d.queue.check_room(self._ticket(x, 0))
+            except QueueRejected as exc:
+                err = queue_rejected(exc)
+        if err is not None:
+            self._refuse(x.begin(UNPLANNED, Admission(d)), err, "rejected")
+            raise err
 
     def _plan(self, x: Exchange, op: Operation, d: Deployment, body, raw: dict) -> tuple[Deployment, Plan]:
         """The plan on its deployment, after the deployment's degradation ladder (if it is overloaded)."""
@@ -255,7 +283,8 @@ class RequestPath:
 
     async def _on_deployment(self, x: Exchange, op: Operation, d: Deployment, plan: Plan
                              ) -> tuple[Attempt, httpx.Response | None]:
-        """Admission on d, then its replicas: an unreachable one is followed by one other, if healthy."""
+        """Admission on d, then its replicas: one that gave no answer (unreachable, or its connection broke
+        before the response head) is followed by one other, if healthy; each attempt has its own record."""
         shared = Admission(d)
         attempt = x.begin(plan, shared)
         if not await self._admit(x, attempt):
@@ -263,7 +292,7 @@ class RequestPath:
         tried: list[Upstream] = []
         while True:
             response = await self._send(x, op, attempt, tried)
-            if response is not None or not attempt.outcome.unreachable:
+            if response is not None or not attempt.outcome.no_answer:
                 return attempt, response
             if len(tried) >= MAX_REPLICAS_PER_ATTEMPT or not any(u.healthy and u not in tried for u in d.upstreams):
                 return attempt, None
@@ -278,11 +307,9 @@ class RequestPath:
                 a.reservation = await self.limiter.reserve(charges)
             except RateLimited as exc:
                 return self._refuse(attempt, rate_limited(exc), "rejected")
-        ticket = Ticket(x.key.tenant.id, x.priority_class, plan.reserved_tokens, x.key.tenant.weight,
-                        x.key.tenant.queue_share, x.deadline_s, enqueued_s=x.arrival_s)
         with self._child("queue", x) as span:
             try:
-                a.queue_s = await d.queue.admit(ticket)
+                a.queue_s = await d.queue.admit(self._ticket(x, plan.reserved_tokens))
             except QueueRejected as exc:
                 err = queue_rejected(exc)
                 return self._refuse(attempt, err, "rejected", err.code if isinstance(err, Overloaded) else None)
@@ -292,6 +319,11 @@ class RequestPath:
         a.dispatched_s = time.monotonic()
         self.metrics.admitted(d.name, x.priority_class, a.queue_s)
         return True
+
+    def _ticket(self, x: Exchange, tokens: int) -> Ticket:
+        tenant = x.key.tenant
+        return Ticket(tenant.id, x.priority_class, tokens, tenant.weight, tenant.queue_share, x.deadline_s,
+                      enqueued_s=x.arrival_s)
 
     def _refuse(self, attempt: Attempt, err: APIError, status: str, retry_reason: str | None = None) -> bool:
         attempt.outcome.fail(err, status, retry_reason)
@@ -349,7 +381,10 @@ class RequestPath:
     # the end
 
     async def _finish(self, x: Exchange) -> None:
-        """Settle, release and record every attempt; then the access line and the span."""
+        """Settle, release and record every attempt; then the access line and the span. Once."""
+        if x.finished:
+            return
+        x.finished = True
         records = []
         for attempt, nxt in zip(x.attempts, [*x.attempts[1:], None]):
             attempt.leave_upstream()

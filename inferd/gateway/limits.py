@@ -51,6 +51,7 @@ class RateLimited(Exception):
 
 
 class Limiter(Protocol):
+    async def check(self, charges: list[Charge]) -> None: ...  # raises RateLimited as reserve would; takes nothing
     async def reserve(self, charges: list[Charge]) -> Reservation: ...
     async def settle(self, reservation: Reservation, actual: dict[str, float]) -> None: ...
     async def close(self) -> None: ...
@@ -77,16 +78,23 @@ class MemoryLimiter:
         self._leases: dict[str, set[str]] = {}
         self._spent: dict[str, float] = {}
 
+    async def check(self, charges: list[Charge]) -> None:
+        self._fits(charges)
+
     async def reserve(self, charges: list[Charge]) -> Reservation:
         rid = new_reservation_id()
+        states = self._fits(charges)
+        for c in charges:
+            self._apply(c, rid)
+        return Reservation(rid, charges, after_reserve(states))
+
+    def _fits(self, charges: list[Charge]) -> list[BucketState]:
         states = [self._state(c) for c in charges]
         for c, s in zip(charges, states):
             retry = retry_after_s(c, s, self._wall())
             if retry != 0.0:
                 raise RateLimited(c, retry, states)
-        for c in charges:
-            self._apply(c, rid)
-        return Reservation(rid, charges, after_reserve(states))
+        return states
 
     async def settle(self, reservation: Reservation, actual: dict[str, float]) -> None:
         for c in reservation.charges:

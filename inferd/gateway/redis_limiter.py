@@ -14,10 +14,10 @@ PREFIX = "inferd:limit:"
 RESERVE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local rid, lease = ARGV[1], tonumber(ARGV[2])
+local rid, lease, dry = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local out, levels, fail = {}, {}, 0
 for i = 1, #KEYS do
-  local a = 2 + (i - 1) * 5
+  local a = 3 + (i - 1) * 5
   local kind, limit, amount = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local remaining, reset
   if kind == 'rate' then
@@ -39,9 +39,9 @@ for i = 1, #KEYS do
   out[#out + 1] = tostring(reset)
   if fail == 0 and amount > remaining + 1e-9 then fail = i end
 end
-if fail == 0 then
+if fail == 0 and not dry then
   for i = 1, #KEYS do
-    local a = 2 + (i - 1) * 5
+    local a = 3 + (i - 1) * 5
     local kind, amount = ARGV[a + 1], tonumber(ARGV[a + 3])
     if kind == 'rate' then
       redis.call('HSET', KEYS[i], 'level', tostring(levels[i] - amount), 't', tostring(now))
@@ -87,9 +87,16 @@ class RedisLimiter:
         self._reserve = self.redis.register_script(RESERVE)
         self._settle = self.redis.register_script(SETTLE)
 
+    async def check(self, charges: list[Charge]) -> None:
+        await self._run_reserve(charges, dry=True)
+
     async def reserve(self, charges: list[Charge]) -> Reservation:
+        return await self._run_reserve(charges, dry=False)
+
+    async def _run_reserve(self, charges: list[Charge], dry: bool) -> Reservation:
+        """The reserve script; dry: only whether it would fit (raises as reserve would), nothing taken."""
         rid = new_reservation_id()
-        args: list = [rid, CONCURRENCY_LEASE_S]
+        args: list = [rid, CONCURRENCY_LEASE_S, "1" if dry else "0"]
         for c in charges:
             args += [c.kind, repr(float(c.limit)), repr(float(c.amount)), repr(c.period_end_unix_s), repr(c.initial)]
         raw = await self._reserve(keys=[PREFIX + c.key for c in charges], args=args)

@@ -3,7 +3,8 @@
 The relay never finishes a request: it fills in the attempt's Outcome (status, usage so far, time to
 the first token, whether another replica or deployment may still take it) and the lifecycle decides.
 Streams from our replicas are passed on as bytes: usage arrives as SSE comments (headers.USAGE_PREFIX),
-read here and dropped, so no chunk the client gets is parsed or re-serialized. An external server's
+read here and dropped, so no chunk the client gets is parsed or re-serialized. A stream's last event,
+`data: [DONE]`, is held back (Outcome.stream_done): the lifecycle sends it once the usage is journaled. An external server's
 chunks are parsed only until the first token, and after that only those that carry usage.
 """
 import json
@@ -16,7 +17,7 @@ import httpx
 from inferd.protocol import headers
 from inferd.protocol.errors import APIError, UpstreamFailed, error_body
 from inferd.protocol.headers import UsageStatus
-from inferd.protocol.sse import SSE_DONE, sse_event
+from inferd.protocol.sse import sse_event
 
 PASSED_HEADERS = ("content-type",)
 TIMEOUTS = {"connect": 5.0, "read": None, "write": None, "pool": None}  # an answer may take as long as it takes
@@ -37,6 +38,8 @@ class Outcome:
     first_token_unix_ns: int | None = None  # for the span's first_token event
     retry_reason: str | None = None  # nothing reached the client: a fallback deployment may take it
     unreachable: bool = False  # no connection: another replica of the same deployment may take it
+    no_answer: bool = False  # failed before the answer's head (no connection, a reset, a read error): ditto
+    stream_done: bool = False  # the stream ended with [DONE] (or an error event): the lifecycle sends [DONE]
     error: APIError | None = None  # what the client is told if no other attempt follows
 
     def end(self, status: UsageStatus, http_status: int, error_code: str | None = None) -> None:
@@ -64,14 +67,21 @@ class Outcome:
 
 async def send(transport: httpx.AsyncBaseTransport, url: httpx.URL, request_headers: dict[str, str], body: bytes,
                outcome: Outcome) -> httpx.Response | None:
-    """The upstream's response head, or None with the outcome failed (unreachable: retryable)."""
+    """The upstream's response head, or None with the outcome failed. Nothing of the answer came back when the
+    connection failed (unreachable) or broke before the head (a replica that died between requests, its pooled
+    connection reset): another replica may take the request (no_answer). A read timeout is not retried: the
+    replica may still be working on it."""
     try:
         return await transport.handle_async_request(
             httpx.Request("POST", url, headers=request_headers, content=body, extensions={"timeout": TIMEOUTS}))
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         outcome.fail(UpstreamFailed(f"No replica could be reached ({type(exc).__name__}); retry the request."),
                      retry_reason=UpstreamFailed.code)
-        outcome.unreachable = True
+        outcome.unreachable = outcome.no_answer = True
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        outcome.fail(UpstreamFailed(f"The replica failed ({type(exc).__name__}); retry the request."),
+                     retry_reason=UpstreamFailed.code)
+        outcome.no_answer = True
     except httpx.HTTPError as exc:
         outcome.fail(UpstreamFailed(f"The replica failed ({type(exc).__name__}); retry the request."),
                      retry_reason=UpstreamFailed.code)
@@ -119,7 +129,9 @@ async def relay_stream(response: httpx.Response, outcome: Outcome, arrival_s: fl
                     continue
                 if event == DONE:
                     outcome.end("completed", 200)
-                elif event.startswith(ERROR_EVENT):
+                    outcome.stream_done = True
+                    continue
+                if event.startswith(ERROR_EVENT):
                     outcome.end("failed", 200, _error_code(event[6:]))
                 elif not ours and not _external_event(event, outcome, arrival_s, usage_mode):
                     continue
@@ -128,8 +140,8 @@ async def relay_stream(response: httpx.Response, outcome: Outcome, arrival_s: fl
                 yield b"".join(out)
     except httpx.HTTPError as exc:
         outcome.end("failed", 200, UpstreamFailed.code)
+        outcome.stream_done = True
         yield sse_event(error_body(UpstreamFailed(f"The replica failed mid-stream ({type(exc).__name__}).")))
-        yield SSE_DONE
     finally:
         await response.aclose()
         if usage_comment is not None:

@@ -1,17 +1,26 @@
-"""Usage records: one per request, written through a bounded, durable path.
+"""Usage records: one per attempt, journaled before the client has its answer, then stored in batches.
 
-Records queue in memory (bounded) and are inserted in batches. When the store fails, or the queue is
-full, they are appended to a local spill file (JSON lines, fsynced) and replayed into the store once it
-answers again; records carry a unique record_id, so a replay never double-counts. Nothing is dropped
-and memory never grows past the queue bound.
+    write(record) → one JSON line appended to the journal with os.write, on the event loop, before the
+    response leaves (it is in the kernel's page cache at once: a killed gateway loses nothing)
+    → the commit task fsyncs the journal every `fsync_interval_s` while it grows (group commit: a power
+    loss loses at most that window) and seals it into a numbered segment every `flush_interval_s` or
+    `batch_size` records, while the store keeps up
+    → the store task inserts a segment's records, then deletes the segment.
+
+At start, whatever a previous process left (segments and its journal) is inserted before the gateway serves;
+records carry a unique record_id and the store skips one it already has, so a segment inserted but not yet
+deleted when the process died counts once. While the store is down the journal just grows on disk and the
+store task retries; memory holds at most `max_pending` records (the rest are read back from their segment).
+One gateway process owns a journal (an exclusive lock beside it).
 """
 import asyncio
+import fcntl
 import json
 import logging
 import os
-import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,6 +28,8 @@ from inferd.gateway.store import Store
 from inferd.protocol.headers import UsageStatus
 
 log = logging.getLogger(__name__)
+
+RETRY_S = 1.0  # between inserts of a segment while the store fails
 
 
 @dataclass(slots=True)
@@ -56,121 +67,206 @@ class UsageCounters:
     cached_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
-    spilled: int = 0
-    replayed: int = 0
+    spilled: int = 0  # records whose first insert failed: they wait in their segment for the store
+    replayed: int = 0  # records inserted from a segment's file (left by a previous process, or spilled)
+    fsyncs: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Segment:
+    """A sealed piece of the journal: its file, and its records while memory holds them (None: read the file)."""
+    path: Path
+    count: int
+    rows: list[dict] | None
+    failed: bool = False
 
 
 class UsageWriter:
-    def __init__(self, store: Store, spill_path: Path, max_pending: int = 10_000, batch_size: int = 500,
-                 flush_interval_s: float = 0.5):
+    def __init__(self, store: Store, journal_path: Path, max_pending: int = 10_000, batch_size: int = 500,
+                 flush_interval_s: float = 0.5, fsync_interval_s: float = 0.005):
         self.store = store
-        self.spill_path = spill_path
+        self.journal_path = journal_path
+        self.max_pending = max_pending
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
+        self.fsync_interval_s = fsync_interval_s
         self.counters = UsageCounters()
-        self._queue: asyncio.Queue[UsageRecord | None] = asyncio.Queue(max_pending)
-        self._task: asyncio.Task | None = None
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._rows: list[dict] | None = []  # the open journal's records (None: past max_pending, in the file only)
+        self._journaled = 0  # records in the open journal
+        self._opened_s = 0.0
+        self._dirty = False  # written since the last fsync
+        self._in_memory = 0  # rows held, open journal and sealed segments together
+        self._unstored = 0
+        self._next_segment = 0
+        self._sealed: asyncio.Queue[Segment | None] = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
         self._closing = False
-        self._spill_lock = threading.Lock()  # a spill append never races the replay's rename
 
     @property
-    def _replaying_path(self) -> Path:
-        return self.spill_path.with_suffix(".replaying")
+    def pending(self) -> int:
+        """Records journaled and not yet in the store."""
+        return self._unstored
 
-    def start(self) -> None:
-        self.spill_path.parent.mkdir(parents=True, exist_ok=True)
-        self._task = asyncio.create_task(self._run())
+    async def start(self) -> None:
+        """Take the journal, insert what a previous process left in it, then begin committing and storing."""
+        self.journal_path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.journal_path.with_name(self.journal_path.name + ".lock"),
+                                os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise RuntimeError(f"the usage journal {self.journal_path} is held by another gateway process; "
+                               "give each gateway its own (--usage-journal)") from None
+        left = self._left_over()
+        self._open()
+        for i, segment in enumerate(left):
+            if not await self._store(segment):
+                for waiting in left[i:]:
+                    self._sealed.put_nowait(waiting)  # the store is down: the store task retries
+                break
+        self._tasks = [asyncio.create_task(self._commit()), asyncio.create_task(self._store_segments())]
 
     def write(self, record: UsageRecord) -> None:
+        """Journal the record (it survives this process from the moment this returns); stored later."""
         c = self.counters
         c.records += 1
         c.prompt_tokens += record.prompt_tokens
         c.cached_tokens += record.cached_tokens
         c.completion_tokens += record.completion_tokens
         c.cost_usd += record.cost_usd
-        try:
-            self._queue.put_nowait(record)
-        except asyncio.QueueFull:
-            self._spill([asdict(record)])
-
-    @property
-    def pending(self) -> int:
-        return self._queue.qsize()
+        row = asdict(record)
+        os.write(self._fd, json.dumps(row, separators=(",", ":")).encode() + b"\n")
+        self._dirty = True
+        self._journaled += 1
+        self._unstored += 1
+        if self._rows is not None and self._in_memory < self.max_pending:
+            self._rows.append(row)
+            self._in_memory += 1
+        elif self._rows is not None:
+            self._in_memory -= len(self._rows)
+            self._rows = None
 
     async def close(self) -> None:
-        """Flush everything queued: into the store, or into the spill file if the store is down."""
+        """Seal and store everything journaled; what the store refuses stays on disk for the next start."""
         self._closing = True
-        if self._task is not None:
-            try:
-                self._queue.put_nowait(None)  # wakes the writer; a full queue means it is busy and will look
-            except asyncio.QueueFull:
-                pass
-            await self._task
-        await self._flush([r for r in self._drain(self._queue.qsize() + 1) if r is not None])
+        if not self._tasks:
+            return
+        commit, storing = self._tasks
+        await commit
+        if self._journaled:
+            await self._seal()
+        self._sealed.put_nowait(None)
+        await storing
+        os.close(self._fd)
+        os.close(self._lock_fd)
 
-    # the writer task
+    # the commit task: group-committed fsync, segments sealed while the store keeps up
 
-    async def _run(self) -> None:
+    async def _commit(self) -> None:
         while not self._closing:
-            try:
-                first = await asyncio.wait_for(self._queue.get(), timeout=5.0)
-            except asyncio.TimeoutError:
-                first = None
-            if first is not None:
-                await asyncio.sleep(self.flush_interval_s)
-                await self._flush([first] + [r for r in self._drain(self.batch_size - 1) if r is not None])
-            if not self._closing and self._queue.empty() and (self.spill_path.exists()
-                                                               or self._replaying_path.exists()):
-                await asyncio.to_thread(self._replay)
+            await asyncio.sleep(self.fsync_interval_s)
+            if self._dirty:
+                self._dirty = False
+                await asyncio.to_thread(os.fsync, self._fd)
+                self.counters.fsyncs += 1
+            due = self._journaled >= self.batch_size or time.monotonic() - self._opened_s >= self.flush_interval_s
+            if self._journaled and due and self._sealed.empty():
+                await self._seal()
 
-    def _drain(self, limit: int) -> list[UsageRecord]:
-        batch = []
-        while len(batch) < limit and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
-        return batch
+    async def _seal(self) -> None:
+        old_fd = self._fd
+        segment = Segment(self._segment_path(self._next_segment), self._journaled, self._rows)
+        self._next_segment += 1
+        os.rename(self.journal_path, segment.path)
+        self._open()
+        await asyncio.to_thread(_sync_and_close, old_fd)
+        self._sealed.put_nowait(segment)
 
-    async def _flush(self, batch: list[UsageRecord]) -> None:
-        if not batch:
-            return
-        rows = await asyncio.to_thread(_insert, self.store, batch)  # rows are made off the event loop too
-        if rows is not None:
-            self._spill(rows)
+    def _open(self) -> None:
+        self._fd = os.open(self.journal_path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        self._rows, self._journaled, self._opened_s = [], 0, time.monotonic()
 
-    # the spill file
+    # the store task
 
-    def _spill(self, rows: list[dict]) -> None:
-        with self._spill_lock, self.spill_path.open("a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-            f.flush()
-            os.fsync(f.fileno())
-        self.counters.spilled += len(rows)
+    async def _store_segments(self) -> None:
+        while (segment := await self._sealed.get()) is not None:
+            while not await self._store(segment):
+                if self._closing:
+                    return  # on disk: the next start inserts it
+                await asyncio.sleep(RETRY_S)
 
-    def _replay(self) -> None:
-        """Move spilled records into the store; the file goes only once all of them are in."""
-        replaying = self._replaying_path
-        with self._spill_lock:
-            if not replaying.exists():
-                if not self.spill_path.exists():
-                    return
-                os.replace(self.spill_path, replaying)
-            rows = [json.loads(line) for line in replaying.read_text().splitlines() if line.strip()]
+    async def _store(self, segment: Segment) -> bool:
+        """Insert the segment's records and delete it; False (kept on disk, memory freed) if the store failed."""
+        stored = await asyncio.to_thread(self._insert, segment)
+        if not stored and not segment.failed:
+            segment.failed = True
+            self.counters.spilled += segment.count
+        if stored:
+            self._unstored -= segment.count
+            if segment.rows is None:
+                self.counters.replayed += segment.count
+        if segment.rows is not None:
+            self._in_memory -= len(segment.rows)
+            segment.rows = None
+        return stored
+
+    def _insert(self, segment: Segment) -> bool:
+        """In a thread: the records into the store, then the segment's file deleted."""
         try:
-            for i in range(0, len(rows), self.batch_size):
-                self.store.insert_usage(rows[i:i + self.batch_size])
+            for batch in self._batches(segment):
+                self.store.insert_usage(batch)
         except Exception as exc:
-            log.warning("usage replay failed (%s); will retry", type(exc).__name__)
-            return
-        replaying.unlink()
-        self.counters.replayed += len(rows)
-        log.info("replayed %d spilled usage records", len(rows))
+            log.error("usage store unavailable (%s); %d records wait in %s", type(exc).__name__, segment.count,
+                      segment.path)
+            return False
+        segment.path.unlink()
+        return True
+
+    def _batches(self, segment: Segment) -> Iterator[list[dict]]:
+        rows = segment.rows if segment.rows is not None else _read(segment.path)
+        batch = []
+        for row in rows:
+            batch.append(row)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    # what a previous process left
+
+    def _segment_path(self, number: int) -> Path:
+        return self.journal_path.with_name(f"{self.journal_path.name}.{number:08d}")
+
+    def _left_over(self) -> list[Segment]:
+        """Segments a previous process left, oldest first, with its journal sealed as the last one."""
+        prefix = self.journal_path.name + "."
+        numbered = sorted(int(p.name[len(prefix):]) for p in self.journal_path.parent.glob(prefix + "*")
+                          if p.name[len(prefix):].isdigit())
+        self._next_segment = numbered[-1] + 1 if numbered else 0
+        paths = [self._segment_path(n) for n in numbered]
+        if self.journal_path.exists():
+            paths.append(self._segment_path(self._next_segment))
+            self._next_segment += 1
+            os.rename(self.journal_path, paths[-1])
+        segments = [Segment(p, sum(1 for _ in _read(p)), None) for p in paths]
+        self._unstored += sum(s.count for s in segments)
+        return segments
 
 
-def _insert(store: Store, batch: list[UsageRecord]) -> list[dict] | None:
-    """Insert the records; the rows back (to spill) if the store failed."""
-    rows = [asdict(r) for r in batch]
-    try:
-        store.insert_usage(rows)
-    except Exception as exc:
-        log.error("usage store unavailable (%s); spilling %d records", type(exc).__name__, len(rows))
-        return rows
-    return None
+def _read(path: Path) -> Iterator[dict]:
+    """A segment's records; a torn last line (a power loss mid-write) is skipped."""
+    with path.open() as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                log.warning("skipped a torn line in %s", path)
+
+
+def _sync_and_close(fd: int) -> None:
+    os.fsync(fd)
+    os.close(fd)

@@ -66,7 +66,7 @@ def make_gateway(tmp_path, replicas: Replicas, deployments: list[Deployment], **
     store.migrate()
     store.create_tenant("t")
     _, new = store.create_key("t")
-    config = GatewayConfig(db_url=store.url, spill_path=tmp_path / "spill.jsonl", **config)
+    config = GatewayConfig(db_url=store.url, usage_journal=tmp_path / "usage.journal", **config)
     ds = Deployments()
     for d in deployments:
         ds.add(d)
@@ -124,6 +124,31 @@ def test_an_unreachable_replica_is_followed_by_another_with_a_record_each(tmp_pa
     assert records[0].error_code == "upstream_unavailable"
     assert not gw.deployments.get("m").upstreams[0].healthy
     assert all(u.inflight == 0 for u in gw.deployments.get("m").upstreams)
+
+
+async def reset(request: httpx.Request) -> httpx.Response:
+    raise httpx.RemoteProtocolError("the server closed the connection before the response ended", request=request)
+
+
+def test_a_replica_whose_connection_breaks_before_the_head_is_followed_by_another(tmp_path):
+    gw, key = make_gateway(tmp_path, Replicas(a=reset, b=ok), [deployment("m", "a", "b")])
+    gw.deployments.get("m").router.config.policy = "round_robin"
+    r, records = run(gw, key)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hi there"
+    assert [(x.attempt, x.status, x.replica, x.error_code) for x in records] == [
+        (1, "failed", "a", "upstream_unavailable"), (2, "completed", "b", None)]
+    assert gw.deployments.get("m").upstreams[0].healthy  # it may be alive (a stale connection): the probe says
+    assert all(u.inflight == 0 for u in gw.deployments.get("m").upstreams) and gw.deployments.get("m").queue.inflight == 0
+
+
+def test_a_read_timeout_is_not_sent_to_another_replica(tmp_path):
+    async def slow(request):
+        raise httpx.ReadTimeout("the upstream did not answer within the read timeout", request=request)
+
+    gw, key = make_gateway(tmp_path, Replicas(a=slow, b=ok), [deployment("m", "a", "b")])
+    gw.deployments.get("m").router.config.policy = "round_robin"
+    r, records = run(gw, key)
+    assert r.status_code == 503 and [(x.replica, x.status) for x in records] == [("a", "failed")]
 
 
 def test_no_replica_reachable_is_a_503_and_nothing_is_billed(tmp_path):
@@ -226,3 +251,47 @@ def test_a_request_waiting_past_its_deadline_expires_without_reaching_a_replica(
         r1, r2 = asyncio.run(both())
     assert (r1.status_code, r2.status_code) == (200, 504) and r2.json()["error"]["code"] == "deadline_exceeded"
     assert sorted(x.status for x in records) == ["completed", "expired"] and len(replicas.requests) == 1
+
+
+class CountingTokenizer(WordTokenizer):
+    def __init__(self):
+        self.templated = 0
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        self.templated += 1
+        return super().apply_chat_template(messages, add_generation_prompt)
+
+
+async def test_a_full_queue_refuses_before_the_prompt_is_tokenized(tmp_path):
+    release = asyncio.Event()
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await release.wait()
+        return httpx.Response(200, json=completion_body())
+
+    tokenizer = CountingTokenizer()
+    d = Deployment("m", TextModel(tokenizer, 64), [Upstream("http://a:9", name="a")],
+                   AdmissionQueue(QueueConfig(max_inflight=1, max_queue_len=1)), internal_headers=True)
+    gw, key = make_gateway(tmp_path, Replicas(a=slow), [d])
+    records = []
+    gw.observers.append(records.append)
+    await gw.start()
+    app = build_gateway_app(gw)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+        def post():
+            return asyncio.create_task(client.post("/v1/chat/completions", json=CHAT,
+                                                   headers={"authorization": f"Bearer {key}"}))
+        running = post()
+        while d.queue.inflight < 1:
+            await asyncio.sleep(0.001)
+        waiting = post()
+        while d.queue.length < 1:
+            await asyncio.sleep(0.001)
+        refused = await post()
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
+        assert refused.headers["retry-after"] == "1" and tokenizer.templated == 2  # the third was never planned
+        assert (records[0].model, records[0].status, records[0].http_status) == ("m", "rejected", 503)
+        release.set()
+        assert (await running).status_code == 200 and (await waiting).status_code == 200
+    await gw.close()
+    assert d.queue.inflight == 0 and d.queue.length == 0 and len(records) == 3

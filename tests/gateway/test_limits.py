@@ -70,6 +70,23 @@ async def test_all_or_nothing(make_limiter):
     await lim.close()
 
 
+async def test_check_refuses_as_reserve_would_and_takes_nothing(make_limiter):
+    lim, n = make_limiter(), ns()
+    for _ in range(3):
+        await lim.check(charges(n, 0, rpm=2, conc=1))  # three checks leave both limits untouched
+    r = await lim.reserve(charges(n, 0, rpm=2, conc=1))
+    with pytest.raises(RateLimited) as e:
+        await lim.check(charges(n, 0, rpm=2, conc=1))
+    assert e.value.charge.name == "max_concurrency" and e.value.retry_after_s == 1.0
+    await lim.settle(r, {})
+    await lim.check(charges(n, 0, rpm=2, conc=1))
+    await lim.reserve(charges(n, 0, rpm=2, conc=1))
+    with pytest.raises(RateLimited) as e:
+        await lim.check(charges(n, 0, rpm=2, conc=5))
+    assert e.value.charge.name == "requests_per_minute"
+    await lim.close()
+
+
 async def test_concurrency_is_released_on_settle(make_limiter):
     lim, n = make_limiter(), ns()
     r = await lim.reserve(charges(n, 1, conc=1))

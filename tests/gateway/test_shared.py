@@ -41,8 +41,8 @@ def setup(tmp_path_factory):
             process(folder / "replica.log", "replica", "--dtype", "float32", "--max-model-len", "512",
                     "--kv-cache-gib", "0.1") as replica:
         flags = ["gateway", "--upstream", replica, "--db", db, "--redis-url", redis_url, "--log-format", "json"]
-        with process(folder / "gw1.log", *flags, "--spill-path", str(folder / "s1.jsonl")) as gw1, \
-                process(folder / "gw2.log", *flags, "--spill-path", str(folder / "s2.jsonl")) as gw2:
+        with process(folder / "gw1.log", *flags, "--usage-journal", str(folder / "gw1.journal")) as gw1, \
+                process(folder / "gw2.log", *flags, "--usage-journal", str(folder / "gw2.journal")) as gw2:
             yield {"db": db, "replica": replica, "gateways": [gw1, gw2]}
 
 
@@ -110,7 +110,7 @@ def test_traces_follow_the_request_path(setup, tmp_path):
     store.migrate()
     store.create_tenant("traced")
     _, new = store.create_key("traced")
-    config = GatewayConfig(db_url=store.url, spill_path=tmp_path / "spill.jsonl")
+    config = GatewayConfig(db_url=store.url, usage_journal=tmp_path / "usage.journal")
     deployments = Deployments()
     deployments.add(deployment_for([Upstream(setup["replica"])], config))
     exporter = InMemorySpanExporter()

@@ -1,7 +1,7 @@
-import asyncio
 import json
 import time
 
+import pytest
 from sqlalchemy import func, select
 
 from inferd.gateway.store import Store
@@ -21,47 +21,84 @@ def count(store: Store) -> int:
         return conn.execute(select(func.count()).select_from(usage_records)).scalar_one()
 
 
-async def test_records_are_batched_into_the_store(tmp_path):
+def sqlite(tmp_path) -> Store:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.migrate()
-    writer = UsageWriter(store, tmp_path / "spill.jsonl", flush_interval_s=0.05)
-    writer.start()
-    for i in range(1200):
+    return store
+
+
+def journal_files(journal) -> list:
+    return sorted(p.name for p in journal.parent.glob(journal.name + "*") if not p.name.endswith(".lock"))
+
+
+async def until(condition, timeout_s: float = 5.0) -> None:
+    import asyncio
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_record_is_in_the_journal_when_write_returns_then_in_the_store(tmp_path):
+    store, journal = sqlite(tmp_path), tmp_path / "usage.journal"
+    writer = UsageWriter(store, journal, flush_interval_s=0.05)
+    await writer.start()
+    writer.write(record(0))
+    assert json.loads(journal.read_text())["request_id"] == "req-0"  # before any await: no task has run
+    for i in range(1, 1200):
         writer.write(record(i))
-    await asyncio.sleep(0.5)
-    assert count(store) == 1200 and writer.pending == 0
+    await until(lambda: count(store) == 1200)
+    assert writer.pending == 0 and writer.counters.fsyncs >= 1
     writer.write(record(9999))
-    await writer.close()  # flushes what is queued
-    assert count(store) == 1201 and writer.counters.records == 1201 and not (tmp_path / "spill.jsonl").exists()
+    await writer.close()  # stores what is journaled
+    assert count(store) == 1201 and writer.counters.records == 1201 and journal_files(journal) == ["usage.journal"]
+    assert journal.read_text() == ""
 
 
-async def test_store_down_spills_to_disk_then_replays(tmp_path):
+async def test_a_killed_writers_journal_is_stored_at_the_next_start_once(tmp_path):
+    store, journal = sqlite(tmp_path), tmp_path / "usage.journal"
+    lines = [json.dumps(_row(record(i))) for i in range(30)]
+    journal.write_text("\n".join(lines[:20]) + "\n")  # what a killed process left: its open journal,
+    (tmp_path / "usage.journal.00000004").write_text("\n".join(lines[10:30]) + "\n")  # a segment half stored
+    store.insert_usage([json.loads(line) for line in lines[10:20]])
+    writer = UsageWriter(store, journal)
+    await writer.start()
+    assert count(store) == 30 and writer.pending == 0 and writer.counters.replayed == 40
+    assert journal_files(journal) == ["usage.journal"]
+    await writer.close()
+
+
+async def test_store_down_keeps_records_on_disk_until_it_answers(tmp_path):
+    journal = tmp_path / "usage.journal"
     down = Store(f"postgresql+psycopg://nobody:x@127.0.0.1:{free_port()}/none?connect_timeout=1")
-    spill = tmp_path / "spill.jsonl"
-    writer = UsageWriter(down, spill, flush_interval_s=0.01)
-    writer.start()
+    writer = UsageWriter(down, journal, flush_interval_s=0.01, max_pending=10)
+    await writer.start()
     for i in range(50):
         writer.write(record(i))
+    await until(lambda: writer.counters.spilled > 0)
     await writer.close()
-    lines = spill.read_text().splitlines()
-    assert len(lines) == 50 and writer.counters.spilled == 50
-    assert "prompt" not in json.loads(lines[0]) and json.loads(lines[0])["request_id"] == "req-0"
+    assert writer.pending == 50 and writer._in_memory == 0  # past max_pending the rows live on disk only
+    on_disk = [json.loads(line) for p in journal.parent.glob("usage.journal.*") if not p.name.endswith(".lock")
+               for line in p.read_text().splitlines()]
+    assert sorted(r["request_id"] for r in on_disk) == sorted(f"req-{i}" for i in range(50))
+    assert "prompt" not in on_disk[0]
 
-    up = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    up.migrate()
-    writer = UsageWriter(up, spill, flush_interval_s=0.01)
-    writer._replay()  # what the writer task does once the store answers
-    writer._replay()  # nothing left, nothing doubled
-    assert count(up) == 50 and not spill.exists()
-
-
-async def test_a_full_queue_spills_instead_of_growing(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    store.migrate()
-    writer = UsageWriter(store, tmp_path / "spill.jsonl", max_pending=10)
-    for i in range(25):  # writer task not started: the queue cannot drain
-        writer.write(record(i))
-    assert writer.pending == 10 and writer.counters.spilled == 15
+    up = sqlite(tmp_path)
+    writer = UsageWriter(up, journal)
+    await writer.start()
     await writer.close()
-    writer._replay()
-    assert count(store) == 25
+    assert count(up) == 50 and journal_files(journal) == ["usage.journal"]
+
+
+async def test_one_journal_one_gateway(tmp_path):
+    store, journal = sqlite(tmp_path), tmp_path / "usage.journal"
+    first = UsageWriter(store, journal)
+    await first.start()
+    with pytest.raises(RuntimeError, match="held by another gateway"):
+        await UsageWriter(store, journal).start()
+    await first.close()
+
+
+def _row(r: UsageRecord) -> dict:
+    from dataclasses import asdict
+    return asdict(r)

@@ -1,0 +1,159 @@
+"""Overload of `inferd serve` (SmolLM2-135M, one replica): capacity, then 3x and 10x of it, open loop.
+
+Chat requests (a short prompt, 32 output tokens, each prompt different) arrive as a Poisson process; latency is
+measured from each request's scheduled time. Capacity: the completed requests per second at a rate well
+above what the replica can do (the queue bounded, so the excess is refused). Then 3x and 10x of capacity for
+--seconds each. Per rate: goodput (answers 200 within --slo-s per second), rejections (429/503) and their
+latency as the client measures it (p50/p99), errors, requests past their deadline. After the load: the
+gateway's queue length and in-flight count from /metrics, and the RSS of the gateway process before/after.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/overload.py  # ~3 min on 2 cores
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from benchmarks.embeddings import ROOT, started_server, stopped
+from inferd.models.loader import default_model_path
+
+KEY = "sk-bench-overload"
+WORDS = "apple river stone cloud maple violet copper meadow lantern harbor".split()
+
+
+def rss_mib(pid: int) -> float:
+    return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1024
+
+
+def quantile(xs: list[float], q: float) -> float | None:
+    return round(sorted(xs)[min(int(q * len(xs)), len(xs) - 1)] * 1000, 2) if xs else None
+
+
+async def run_rate(url: str, rate: float, seconds: float, slo_s: float) -> dict:
+    rng = random.Random(17)
+    ok, rejected, errors = [], [], []
+    codes: dict[str, int] = {}
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=4096)) as client:
+        async def one(i: int, at: float) -> None:
+            await asyncio.sleep(max(at - time.perf_counter(), 0))
+            body = {"messages": [{"role": "user", "content": f"{i} " + " ".join(rng.choices(WORDS, k=12))}],
+                    "max_tokens": 32, "ignore_eos": True}
+            try:
+                r = await client.post(f"{url}/v1/chat/completions", json=body,
+                                      headers={"authorization": f"Bearer {KEY}"})
+            except httpx.HTTPError as exc:
+                errors.append(type(exc).__name__)
+                return
+            latency = time.perf_counter() - at
+            if r.status_code == 200:
+                ok.append(latency)
+            elif r.status_code in (429, 503):
+                rejected.append(latency)
+                code = r.json()["error"]["code"]
+                codes[code] = codes.get(code, 0) + 1
+            else:
+                errors.append(str(r.status_code))
+
+        t0, at, tasks = time.perf_counter() + 0.2, 0.0, []
+        while at < seconds:
+            tasks.append(asyncio.create_task(one(len(tasks), t0 + at)))
+            at += rng.expovariate(rate)
+        await asyncio.gather(*tasks)
+    good = [x for x in ok if x <= slo_s]
+    return {"rate_per_s": round(rate, 2), "seconds": seconds, "sent": len(tasks), "answered": len(ok),
+            "goodput_per_s": round(len(good) / seconds, 2), "answered_p50_ms": quantile(ok, 0.5),
+            "answered_p99_ms": quantile(ok, 0.99), "rejected": len(rejected), "rejection_codes": codes,
+            "rejection_p50_ms": quantile(rejected, 0.5), "rejection_p99_ms": quantile(rejected, 0.99),
+            "rejection_max_ms": quantile(rejected, 1.0), "errors": len(errors), "error_kinds": sorted(set(errors))}
+
+
+def gateway_state(url: str) -> dict:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out = {}
+    for name in ("inferd_gateway_queue_length", "inferd_gateway_inflight_requests",
+                 "inferd_gateway_usage_records_pending"):
+        out[name] = sum(float(m) for m in re.findall(rf"^{name}{{?[^\n]*}}? ([0-9.e+-]+)$", text, re.M))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=20.0, help="per rate (the issue asks 60)")
+    p.add_argument("--capacity-seconds", type=float, default=20.0)
+    p.add_argument("--slo-s", type=float, default=5.0, help="an answer within this counts as goodput")
+    p.add_argument("--max-inflight", type=int, default=16)
+    p.add_argument("--max-queue-len", type=int, default=4, help="short, so that a wait stays within the SLO")
+    p.add_argument("--num-threads", type=int, default=1, help="the replica's engine threads")
+    p.add_argument("--port", type=int, default=8971)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "overload.json")
+    args = p.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="inferd-overload-"))
+    url = f"http://127.0.0.1:{args.port}"
+    command = [sys.executable, "-m", "inferd.cli", "serve", str(default_model_path()), "--port", str(args.port), "--api-key", KEY,
+               "--db", f"sqlite:///{folder / 'inferd.db'}", "--usage-journal", str(folder / "usage.journal"),
+               "--embedding-model", "none", "--classical-model", "none", "--policy-model", "none",
+               "--max-model-len", "512", "--num-threads", str(args.num_threads),
+               "--max-inflight", str(args.max_inflight), "--max-queue-len", str(args.max_queue_len),
+               "--log-level", "warning"]
+    load_before = os.getloadavg()
+    proc = started_server(command, f"{url}/ready", {"PYTHONPATH": str(ROOT)}, "inferd-overload")
+    try:
+        asyncio.run(run_rate(url, 2.0, 3.0, args.slo_s))  # warm up
+        rss_before = rss_mib(proc.pid)
+        probe = asyncio.run(run_rate(url, 40.0, args.capacity_seconds, args.slo_s))
+        capacity = max(probe["answered"] / args.capacity_seconds, 0.5)
+        at_capacity = asyncio.run(run_rate(url, capacity, args.seconds, args.slo_s))
+        rates = {"capacity_probe": probe, "1x": at_capacity}
+        for factor in (3, 10):
+            rates[f"{factor}x"] = asyncio.run(run_rate(url, factor * capacity, args.seconds, args.slo_s))
+        time.sleep(2.0)
+        after = gateway_state(url)
+        rss_after = rss_mib(proc.pid)
+    finally:
+        stopped(proc)
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"cores": os.cpu_count(), "load_average_before": load_before,
+                          "shared": "2 cores shared with two other agents' work"},
+              "settings": vars(args) | {"out": str(args.out), "model": "SmolLM2-135M-Instruct (default)"},
+              "capacity_per_s": round(capacity, 2), "rates": rates, "after_load": after,
+              "gateway_rss_mib": {"before": round(rss_before, 1), "after": round(rss_after, 1)}}
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Overload of `inferd serve` ({r['date']})", "",
+             f"Machine: {r['machine']['cores']} cores ({r['machine']['shared']}), load before "
+             f"{r['machine']['load_average_before'][0]:.2f}. Model: SmolLM2-135M-Instruct, one replica, "
+             f"{r['settings']['num_threads']} engine thread(s); gateway --max-inflight "
+             f"{r['settings']['max_inflight']} --max-queue-len {r['settings']['max_queue_len']}. Chat, 32 output "
+             f"tokens, open loop (Poisson), {r['settings']['seconds']:g} s per rate (the issue asks 60 s). "
+             f"SLO: answered within {r['settings']['slo_s']:g} s.", "",
+             f"Capacity: **{r['capacity_per_s']} req/s** (answered per second at 40 req/s offered).", "",
+             "| rate | offered/s | goodput/s | answered p50 ms | rejected | rejection p50 ms | p99 ms | max ms "
+             "| errors | codes |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, x in r["rates"].items():
+        lines.append(f"| {name} | {x['rate_per_s']} | {x['goodput_per_s']} | {x['answered_p50_ms']} | {x['rejected']} "
+                     f"| {x['rejection_p50_ms']} | {x['rejection_p99_ms']} | {x['rejection_max_ms']} | {x['errors']} "
+                     f"| {x['rejection_codes']} |")
+    a, m = r["after_load"], r["gateway_rss_mib"]
+    lines += ["", f"After the load (2 s later): queue length {a['inferd_gateway_queue_length']:g}, in flight "
+              f"{a['inferd_gateway_inflight_requests']:g}, usage records pending "
+              f"{a['inferd_gateway_usage_records_pending']:g}; gateway RSS {m['before']} MiB before, {m['after']} MiB "
+              "after.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

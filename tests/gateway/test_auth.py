@@ -1,0 +1,66 @@
+"""Unknown keys cost at most one store read per key id and TTL, and a flood of them from one address is
+refused without any store read."""
+import secrets
+
+import pytest
+
+from inferd.gateway.auth import AUTH_FAILURE_BURST, FailedAuthentications, KeyCache
+from inferd.gateway.store import Store
+from inferd.protocol.errors import AuthenticationFailed, RateLimitExceeded
+
+
+@pytest.fixture
+def store_and_key(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.migrate()
+    store.create_tenant("t")
+    _, new = store.create_key("t")
+    return store, new.key
+
+
+def random_key() -> str:
+    return "sk-inferd-" + secrets.token_hex(6) + secrets.token_urlsafe(32)
+
+
+async def test_an_unknown_key_is_read_once_per_ttl(store_and_key):
+    store, _ = store_and_key
+    keys, unknown = KeyCache(store, ttl_s=60), random_key()
+    for _ in range(50):
+        with pytest.raises(AuthenticationFailed):
+            await keys.authenticate(f"Bearer {unknown}")  # no address: no allowance to spend
+    assert keys.store_reads == 1
+
+
+async def test_a_flood_of_random_keys_from_one_address_stops_reading_the_store(store_and_key):
+    store, good = store_and_key
+    keys = KeyCache(store, ttl_s=60)
+    assert (await keys.authenticate(f"Bearer {good}", "10.0.0.1")).tenant.name == "t"
+    refused = []
+    for _ in range(1000):
+        try:
+            await keys.authenticate(f"Bearer {random_key()}", "10.0.0.1")
+        except AuthenticationFailed:
+            refused.append(401)
+        except RateLimitExceeded as exc:
+            refused.append((429, exc.code, exc.headers["retry-after"]))
+    assert refused[:AUTH_FAILURE_BURST] == [401] * AUTH_FAILURE_BURST
+    assert set(refused[AUTH_FAILURE_BURST:]) == {(429, "too_many_failed_authentications", "1")}
+    assert keys.store_reads == 1 + AUTH_FAILURE_BURST
+    assert (await keys.authenticate(f"Bearer {good}", "10.0.0.1")).tenant.name == "t"  # cached: still served
+    with pytest.raises(AuthenticationFailed):
+        await keys.authenticate(f"Bearer {random_key()}", "10.0.0.2")  # another address has its own allowance
+
+
+def test_the_failure_buckets_refill_and_are_bounded():
+    now = [0.0]
+    failures = FailedAuthentications(burst=2, per_s=1.0, max_addresses=100, clock=lambda: now[0])
+    failures.failed("a")
+    failures.failed("a")
+    assert failures.retry_after_s("a") == 1.0
+    now[0] = 0.5
+    assert failures.retry_after_s("a") == 0.5
+    now[0] = 1.0
+    assert failures.retry_after_s("a") == 0.0
+    for i in range(1000):
+        failures.failed(f"10.0.{i // 256}.{i % 256}")
+    assert failures.tracked == 100
