@@ -311,5 +311,5 @@ def test_non_stream_disconnect_aborts(url, client, model):
 def test_logs_hold_no_prompt_text_nor_key(server):
     _, log_path = server
     log = log_path.read_text()
-    assert "inferd ready: model=SmolLM2-135M-Instruct, all-MiniLM-L6-v2, iris-classifier url=http://127.0.0.1:" in log
+    assert "inferd ready: model=SmolLM2-135M-Instruct, all-MiniLM-L6-v2, iris-classifier, reacher-bc url=http://127.0.0.1:" in log
     assert API_KEY not in log and "capital of France" not in log and "Once upon a time" not in log
