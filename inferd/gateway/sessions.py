@@ -31,7 +31,8 @@ from inferd.gateway.deployments import Deployment, PolicyModel, Upstream
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.usage import UsageRecord
 from inferd.protocol import headers
-from inferd.protocol.errors import APIError, AuthenticationFailed
+from inferd.gateway.auth import client_address
+from inferd.protocol.errors import APIError, AuthenticationFailed, RateLimitExceeded
 from inferd.protocol.policy import (CLOSE_CODES, WEBSOCKET_PATH, PolicyError, check_observation, packb, unpackb,
                                     valid_until)
 from inferd.telemetry.gateway_metrics import gauge
@@ -119,10 +120,12 @@ class PolicySessions:
         scheme, _, secret = (ws.headers.get("authorization") or "").partition(" ")
         try:
             return await self.gw.keys.authenticate(f"Bearer {secret.strip()}" if scheme.lower() == "api-key"
-                                                   else ws.headers.get("authorization"))
+                                                   else ws.headers.get("authorization"), client_address(ws))
         except AuthenticationFailed as exc:
             raise PolicyError("unauthorized", exc.message.replace("'Authorization: Bearer <key>'",
                               "'Authorization: Api-Key <key>' or Bearer"), close=CLOSE_CODES["unauthorized"])
+        except RateLimitExceeded as exc:  # this address failed too often: refused without a store read
+            raise PolicyError(exc.code, exc.message, close=CLOSE_CODES[exc.code])
 
     def _open(self, ws: WebSocket, key: KeyPolicy) -> Session:
         name = ws.path_params["name"]

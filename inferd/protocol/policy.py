@@ -36,6 +36,7 @@ CLOSE_CODES = {  # a session that cannot go on ends with one of these (WebSocket
     "model_not_found": 4404,  # no policy of that name
     "idle_timeout": 4408,  # no observation for the deployment's idle timeout
     "session_limit": 4429,  # the tenant's or the deployment's sessions are all taken; the reason says when to retry
+    "too_many_failed_authentications": 4429,  # this address sent wrong keys too often; the reason says when to retry
     "unavailable": 4503,  # no replica of the policy can serve
 }
 

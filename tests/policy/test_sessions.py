@@ -175,3 +175,18 @@ def test_a_client_that_leaves_mid_inference_leaves_nothing_behind(tmp_path):
         assert gw.sessions.open == {} and d.upstreams[0].inflight == 0
     [rec] = records
     assert rec.status == "completed" and rec.units["chunks"] == 0
+
+
+def test_an_address_that_keeps_sending_wrong_keys_is_refused_without_a_store_read(tmp_path):
+    gw, key, _, _ = make(tmp_path, TinyPolicy())
+    reads = []
+    find = gw.store.find_key
+    gw.store.find_key = lambda lookup: reads.append(lookup) or find(lookup)
+    codes = []
+    with TestClient(build_gateway_app(gw)) as client:
+        for i in range(40):
+            with client.websocket_connect(PATH, headers=auth(f"sk-inferd-wrong{i:04d}")) as ws:
+                with pytest.raises(WebSocketDisconnect) as closed:
+                    ws.receive_bytes()
+            codes.append(closed.value.code)
+    assert codes[0] == 4401 and codes[-1] == 4429 and len(reads) < 40
