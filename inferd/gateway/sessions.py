@@ -320,7 +320,8 @@ class PolicySessions:
 
     def _refused(self, ws: WebSocket, key: KeyPolicy, exc: PolicyError) -> None:
         self.gw.record(UsageRecord(
-            request_id=f"ses_{uuid.uuid4().hex}", model=ws.path_params.get("name", "unknown"), status="rejected",
+            request_id=f"ses_{uuid.uuid4().hex}", status="rejected",
+            model="unknown" if exc.code == "model_not_found" else ws.path_params["name"],
             http_status=exc.close or 4400, started_unix_s=time.time(), e2e_s=0.0,
             gateway_id=self.gw.config.gateway_id, tenant_id=key.tenant.id, key_id=key.id, error_code=exc.code))
 
