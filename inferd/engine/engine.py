@@ -9,7 +9,7 @@ from inferd.engine.draft import DraftModel, first_layers, layer_skip_depth, load
 from inferd.engine.grammar import GrammarCompiler, GrammarMasker, accept_token
 from inferd.engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from inferd.engine.request import EngineError, RequestOutput, SamplingParams, TokenLogprob
-from inferd.engine.sampler import Sampler
+from inferd.engine.sampler import Sampler, prompt_logprobs
 from inferd.engine.spec_decode import SpecConfig, Speculator
 from inferd.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from inferd.engine.sequence import Sequence
@@ -160,17 +160,28 @@ class LLMEngine:
         sampling = [item.seq for item in batch.seqs if item.samples and not item.draft]
         masks = self.masker.start(sampling)  # grammar masks, computed while the forward runs
         logits = self.runner.run(batch)
-        logits, verifying = _split_verifications(batch, logits)
+        logits, verifying, scored = _split_logits(batch, logits)
+        prompt_only = [item.seq for item in batch.seqs if item.reaches_end and not item.samples]
         for item in batch.seqs:
             if not item.draft:
                 item.seq.num_computed_tokens += item.num_tokens
                 self.blocks.cache_full_blocks(item.seq)
+        for seq, first, rows in scored:
+            targets = seq.token_ids[first:first + rows.shape[0]]
+            seq.prompt_logprobs += prompt_logprobs(rows, targets, seq.params.top_logprobs)
         if masks is not None:
             masks.apply(logits)
         tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], [])
         now = time.monotonic()
         outputs = [self._append(seq, token, lp, now) for seq, token, lp in zip(sampling, tokens, logprobs)]
+        outputs += [self._finish_prompt_only(seq) for seq in prompt_only]
         return outputs + [out for item, rows in verifying for out in self._verified(item, rows, now)]
+
+    def _finish_prompt_only(self, seq: Sequence) -> RequestOutput:
+        """A max_tokens 0 request ends once its prompt is computed (its prompt logprobs, if asked, are in)."""
+        self.seqs.pop(seq.request_id, None)
+        self.scheduler.finish(seq, "length")
+        return self._output(seq, [], [])
 
     def _verified(self, item: ScheduledSeq, rows: torch.Tensor, now: float) -> list[RequestOutput]:
         outputs = []
@@ -215,27 +226,34 @@ class LLMEngine:
         text = seq.text[seq.num_sent_chars:end] if end > seq.num_sent_chars else ""
         seq.num_sent_chars = max(seq.num_sent_chars, end)
         queue_s = seq.first_scheduled_time - seq.arrival_time if seq.first_scheduled_time else None
+        first = len(token_ids) == seq.num_output_tokens  # the request's first output (its prompt is computed)
+        prompt = seq.prompt_logprobs if seq.params.prompt_logprobs and first else None
         return RequestOutput(seq.request_id, text, token_ids, logprobs if seq.params.logprobs else None,
                              seq.is_finished, seq.finish_reason, seq.num_prompt_tokens, seq.num_output_tokens,
-                             seq.first_token_time, queue_s, seq.num_cached_tokens)
+                             seq.first_token_time, queue_s, seq.num_cached_tokens, prompt)
 
 
 Verifying = list[tuple[ScheduledSeq, torch.Tensor]]
+Scored = list[tuple[Sequence, int, torch.Tensor]]  # a sequence, its first prompt token scored, the rows scoring
 
 
-def _split_verifications(batch: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, Verifying]:
-    """The one-row-per-sequence logits, and each verifying sequence with its 1 + k rows."""
-    if not any(item.draft for item in batch.seqs):
-        return logits, []
-    plain, verifying, row = [], [], 0
-    for item in (i for i in batch.seqs if i.samples):
-        n = 1 + len(item.draft or [])
+def _split_logits(batch: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, Verifying, Scored]:
+    """The runner's rows (ScheduledSeq.num_logits per item, in batch order; call before the items' tokens count
+    as computed) as: one row per sequence that samples without drafts, each verifying sequence with its 1 + k
+    rows, and each sequence with prompt logprobs to add with the rows that score them."""
+    plain, verifying, scored, row = [], [], [], 0
+    for item in batch.seqs:
+        n, num_scored = item.num_logits, item.num_prompt_logprobs
+        if num_scored:
+            first = max(item.seq.num_computed_tokens, len(item.seq.prompt_logprobs)) + 1
+            scored.append((item.seq, first, logits[row:row + num_scored]))
         if item.draft:
-            verifying.append((item, logits[row:row + n]))
-        else:
-            plain.append(row)
+            verifying.append((item, logits[row + num_scored:row + n]))
+        elif item.samples:
+            plain.append(row + num_scored)
         row += n
-    return logits[plain], verifying
+    assert row == logits.shape[0]
+    return logits if len(plain) == logits.shape[0] else logits[plain], verifying, scored
 
 
 def _cut_at_stop(seq: Sequence, new_from: int) -> bool:

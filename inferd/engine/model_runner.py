@@ -40,13 +40,12 @@ class ModelRunner:
         self.kv_cache = kv_cache
 
     def run(self, batch: Batch) -> torch.Tensor:
-        """Returns fp32 logits, one row per scheduled sequence that samples this step (1 + k rows for one
-        verifying k drafts), in batch order."""
-        def chunk(item, num_logits):
+        """Returns fp32 logits: each scheduled sequence's ScheduledSeq.num_logits rows (its prompt logprobs', then
+        one to sample or 1 + k to verify k drafts), in batch order."""
+        def chunk(item):
             start = item.seq.num_computed_tokens
-            return Chunk(item.seq, start, item.seq.token_ids[start:start + item.num_tokens], num_logits)
-        return self.forward([chunk(i, 1) for i in batch.decodes],
-                            [chunk(i, 1 + len(i.draft) if i.draft else int(i.samples)) for i in batch.prefills])
+            return Chunk(item.seq, start, item.seq.token_ids[start:start + item.num_tokens], item.num_logits)
+        return self.forward([chunk(i) for i in batch.decodes], [chunk(i) for i in batch.prefills])
 
     def forward(self, decodes: list[Chunk], prefills: list[Chunk]) -> torch.Tensor:
         """decodes: one token each, attended to together; prefills: any number of tokens each.

@@ -39,13 +39,14 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: bool = False
-    top_logprobs: int = 0
+    top_logprobs: int = 0  # alternatives given with each logprob, of the output and of the prompt
+    prompt_logprobs: bool = False  # the logprob of every prompt token after the first (no prefix-cache reuse)
     skip_special_tokens: bool = True
     response_format: ResponseFormat | None = None  # None: free text
 
     def __post_init__(self):
-        if self.max_tokens < 1:
-            raise EngineError("max_tokens must be at least 1")
+        if self.max_tokens < 0:
+            raise EngineError("max_tokens must be at least 0 (0: the prompt is computed, nothing is sampled)")
         if not 0.0 <= self.temperature <= 2.0:
             raise EngineError("temperature must be between 0 and 2")
         if not 0.0 < self.top_p <= 1.0:
@@ -83,3 +84,4 @@ class RequestOutput:
     first_token_time: float | None = None  # time.monotonic() of the first output token
     queue_time_s: float | None = None  # time from arrival to first scheduled
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    prompt_logprobs: list[TokenLogprob] | None = None  # prompt tokens 1.. (not the first), in the first output

@@ -48,6 +48,17 @@ class Sampler:
         return (probs / noise).argmax(dim=-1)
 
 
+def prompt_logprobs(logits: torch.Tensor, token_ids: list[int], top_n: int) -> list[TokenLogprob]:
+    """Each row's logprob of its token (the prompt token after the row's position), with the top_n best."""
+    lp = logits.log_softmax(dim=-1)
+    chosen = lp.gather(1, torch.tensor(token_ids).unsqueeze(1)).squeeze(1).tolist()
+    if not top_n:
+        return [TokenLogprob(t, v, []) for t, v in zip(token_ids, chosen)]
+    values, ids = lp.topk(top_n, dim=-1)
+    return [TokenLogprob(t, v, list(zip(i, w))) for t, v, i, w in zip(token_ids, chosen, ids.tolist(),
+                                                                          values.tolist())]
+
+
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     rows = [i for i, s in enumerate(seqs) if s.params.presence_penalty or s.params.frequency_penalty]
     if not rows:

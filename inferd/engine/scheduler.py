@@ -14,9 +14,33 @@ class ScheduledSeq:
     draft: list[int] | None = None  # speculative tokens at the end of those (verified by this step's logits)
 
     @property
-    def samples(self) -> bool:
-        """True when this step reaches the sequence's last token, so it yields a new one."""
+    def reaches_end(self) -> bool:
+        """True when this step computes the sequence's last token."""
         return self.seq.num_computed_tokens + self.num_tokens == len(self.seq)
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last token and it wants a new one (max_tokens > 0)."""
+        return self.reaches_end and self.seq.params.max_tokens > 0
+
+    @property
+    def num_prompt_logprobs(self) -> int:
+        """Prompt logprobs this step's logits give: position p's logits score prompt token p + 1, for the
+        positions computed now whose next prompt token has none yet (a recomputed preempted sequence has some)."""
+        seq = self.seq
+        if not seq.params.prompt_logprobs:
+            return 0
+        start = max(seq.num_computed_tokens, len(seq.prompt_logprobs))
+        return max(0, min(seq.num_computed_tokens + self.num_tokens, seq.num_prompt_tokens - 1) - start)
+
+    @property
+    def num_logits(self) -> int:
+        """Logits rows this step asks for, always the chunk's last ones: its prompt logprobs', then 1 + k to
+        verify k drafts, or 1 to sample. A prompt-only request (max_tokens 0) also gets its last position's row,
+        unused (it scores no prompt token), so that its prompt rows end the chunk too."""
+        wants = 1 + len(self.draft) if self.draft else int(self.samples)
+        unused = int(self.reaches_end and not self.samples and self.num_prompt_logprobs > 0)
+        return self.num_prompt_logprobs + wants + unused
 
 
 @dataclass(slots=True)
@@ -104,7 +128,7 @@ class Scheduler:
         """Starts waiting sequences at their longest cached prefix; the rest is computed in prompt chunks."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            prefix = self.blocks.cached_prefix(seq)
+            prefix = self._reusable_prefix(seq)
             start = len(prefix) * self.blocks.block_size
             n = min(len(seq) - start, budget)
             if not self.blocks.can_admit(seq, start + n, prefix):
@@ -120,13 +144,18 @@ class Scheduler:
             batch.prefills.append(ScheduledSeq(seq, n))
             budget -= n
 
+    def _reusable_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks seq may start on: none when it asks for prompt logprobs, which need every position's
+        logits computed."""
+        return [] if seq.params.prompt_logprobs else self.blocks.cached_prefix(seq)
+
     def _make_room_for_next(self) -> None:
         """Priority policy: when the next waiting sequence cannot get its blocks, preempt running sequences
         of lower classes (the newest first) until it can; done before this step schedules any of them."""
         if not (self.by_priority and self.waiting and len(self.running) < self.max_num_seqs):
             return
         seq = self.waiting[0]
-        prefix = self.blocks.cached_prefix(seq)
+        prefix = self._reusable_prefix(seq)
         start = len(prefix) * self.blocks.block_size
         need = start + min(len(seq) - start, self.max_num_batched_tokens)
         while not self.blocks.can_admit(seq, need, prefix):

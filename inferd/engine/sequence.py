@@ -40,6 +40,7 @@ class Sequence:
         self.text = ""  # output text so far, cut at a stop string
         self.num_sent_chars = 0
         self.logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: list[TokenLogprob] = []  # of prompt tokens 1, 2, ... as their positions are computed
         self.finish_reason: str | None = None
         self.grammar = grammar  # an llguidance matcher when the output is constrained (engine.grammar)
 

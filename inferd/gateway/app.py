@@ -27,6 +27,7 @@ from inferd.gateway.lifecycle import RequestPath
 from inferd.gateway.sessions import PolicySessions
 from inferd.gateway.limits import Limiter
 from inferd.gateway.store import Store
+from inferd.gateway.tokenize import TokenizerRoutes
 from inferd.gateway.transport import UpstreamTransport
 from inferd.gateway.usage import UsageRecord, UsageWriter
 from inferd.protocol.http import RequestContextMiddleware, http_exception_handler
@@ -125,7 +126,7 @@ class GatewayRoutes:
         serving = [Route(op.path, self._serve(op), methods=["POST"])
                    for op in (*text.OPERATIONS, *embeddings.OPERATIONS, *classical.OPERATIONS)]
         return [Route("/v1/models", self.models, methods=["GET"]), *serving, *classical.OIPRoutes(self.gw).routes(),
-                Route("/health", self.health, methods=["GET"]),
+                *TokenizerRoutes(self.gw).routes(), Route("/health", self.health, methods=["GET"]),
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/ready", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]), *self.gw.sessions.routes()] + admin.routes(self.gw)

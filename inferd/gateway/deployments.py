@@ -170,10 +170,14 @@ class Deployments:
             return not x.upstreams or any(u.healthy for u in x.upstreams)
         return up(d) or any(up(f) for f in map(self.by_name.get, d.fallbacks) if f is not None)
 
+    def stable(self, name: str | None, kind: str = "text") -> Deployment | None:
+        """The stable version of `name` (None: the kind's first deployment), counting no canary share."""
+        return self.get(name or self.defaults.get(kind, ""))
+
     def route(self, name: str | None, kind: str = "text", version: str | None = None) -> Deployment | None:
         """The version that serves one request for `name` (None: the kind's first deployment): every
         1/weight-th goes to its canary, the rest to the stable one; a request that names a version gets it."""
-        stable = self.get(name or self.defaults.get(kind, ""))
+        stable = self.stable(name, kind)
         if version is not None:
             return next((d for d in self.versions(stable.name) if d.version == version), None) if stable else None
         weight = self.weights.get(stable.name, 0.0) if stable is not None else 0.0

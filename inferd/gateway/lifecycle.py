@@ -196,16 +196,7 @@ class RequestPath:
 
     def _deployment(self, key: KeyPolicy, op: Operation, model: str | None, version: str | None) -> Deployment:
         deployment = self.deployments.route(model, op.kind, version)  # a canary's share goes there
-        if deployment is None:
-            raise ModelNotFound(f"The model '{model}' does not exist" + (f" in version '{version}'." if version
-                                else "."), param="model")
-        if deployment.model.kind != op.kind:
-            raise InvalidRequest(f"The model '{deployment.name}' is a {deployment.model.kind} model; "
-                                 f"{op.path} needs a {op.kind} model.", param="model", code="wrong_model_kind")
-        if not key.may_use(deployment.name):
-            raise PermissionDenied(f"Your key may not use the model '{deployment.name}'.", param="model",
-                                   code="model_not_allowed")
-        return deployment
+        return usable(deployment, key, op.kind, op.path, model, version)
 
     async def _refuse_early(self, x: Exchange, d: Deployment) -> None:
         """What refuses most and needs no plan, before the prompt is tokenized: the key's request-rate and
@@ -457,6 +448,22 @@ def deadline_s(key: KeyPolicy, request: Request, arrival_s: float) -> float | No
 
 
 # helpers
+
+def usable(deployment: Deployment | None, key: KeyPolicy, kind: str, path: str, model: str | None,
+           version: str | None = None) -> Deployment:
+    """The deployment that answers for `model` (resolved by the caller), if it exists, is of the kind the route
+    needs and the key may use it; else the error that says which."""
+    if deployment is None:
+        raise ModelNotFound(f"The model '{model}' does not exist" + (f" in version '{version}'." if version
+                            else "."), param="model")
+    if deployment.model.kind != kind:
+        raise InvalidRequest(f"The model '{deployment.name}' is a {deployment.model.kind} model; "
+                             f"{path} needs a {kind} model.", param="model", code="wrong_model_kind")
+    if not key.may_use(deployment.name):
+        raise PermissionDenied(f"Your key may not use the model '{deployment.name}'.", param="model",
+                               code="model_not_allowed")
+    return deployment
+
 
 def _model_asked(request: Request, op: Operation, body) -> tuple[str | None, str | None]:
     """The model (and version) the request names: in its body, or in its path (op.model_param)."""

@@ -18,8 +18,7 @@ def plan(d: Deployment, key: KeyPolicy, body: SamplingRequest, raw: dict, price:
             raise InvalidRequest(str(exc), param="messages") from None
         ids, param = [tokenizer.encode(text, add_special_tokens=False)], "messages"
     else:
-        ids = [tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else p for p in body.prompts()]
-        param = "prompt"
+        ids, param = body.prompt_token_ids(tokenizer, tokenizer.vocab_size), "prompt"
     lens = [len(i) for i in ids]
     if min(lens) == 0:
         raise InvalidRequest("the prompt is empty", param="prompt")

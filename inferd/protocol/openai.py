@@ -4,10 +4,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferd.protocol.errors import ContextLengthExceeded, InvalidRequest
+from inferd.protocol.tokenizer import Tokenizer
 
 MAX_SEED = 2**63
 MAX_CHOICES_PER_REQUEST = 256
 MAX_EMBEDDING_INPUTS = 2048
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap on /v1/completions' logprobs (alternatives per token)
 StopString = Annotated[str, Field(min_length=1)]
 Prompt = str | list[str] | list[int] | list[list[int]]
 
@@ -95,14 +97,19 @@ class SamplingRequest(_Body):
     def logprob_settings(self) -> tuple[bool, int]:
         return False, 0
 
+    def prompt_logprobs(self) -> bool:
+        """Whether every prompt token's logprob is asked for (completions' echo with logprobs)."""
+        return False
+
     def checked_max_tokens(self, num_prompt_tokens: int, max_model_len: int) -> int:
         requested = self.requested_max_tokens()
         max_tokens = requested if requested is not None else max_model_len - num_prompt_tokens
-        if num_prompt_tokens + max(max_tokens, 1) > max_model_len:
+        output = max(max_tokens, 0 if requested == 0 else 1)  # 0 only when asked for (echo: the prompt alone)
+        if num_prompt_tokens + output > max_model_len:
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-                f"{num_prompt_tokens + max(max_tokens, 1)} tokens ({num_prompt_tokens} in the prompt, "
-                f"{max(max_tokens, 1)} for the completion). Please reduce the prompt or max_tokens.",
+                f"{num_prompt_tokens + output} tokens ({num_prompt_tokens} in the prompt, "
+                f"{output} for the completion). Please reduce the prompt or max_tokens.",
                 param=self._prompt_param(),
             )
         return max_tokens
@@ -137,8 +144,10 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
+    """max_tokens may be 0 with echo: the prompt's tokens (and their logprobs) come back, nothing is sampled."""
     prompt: Prompt
-    logprobs: int | None = Field(None, ge=0, le=5)
+    max_tokens: int | None = Field(None, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None
 
@@ -154,8 +163,13 @@ class CompletionRequest(SamplingRequest):
 
     @model_validator(mode="after")
     def _check_fields(self) -> "CompletionRequest":
-        if self.echo:
-            raise InvalidRequest("'echo' is not supported", param="echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequest("'max_tokens' may be 0 only with 'echo' (the prompt alone comes back)",
+                                 param="max_tokens")
+        if self.echo and self.stream:
+            raise InvalidRequest("'echo' is not supported with 'stream'", param="echo")
+        if self.echo and self.num_choices > 1:
+            raise InvalidRequest("'echo' is not supported with 'n' above 1", param="echo")
         if self.suffix:
             raise InvalidRequest("'suffix' is not supported", param="suffix")
         if len(self.prompts()) * self.num_choices > MAX_CHOICES_PER_REQUEST:
@@ -173,6 +187,54 @@ class CompletionRequest(SamplingRequest):
 
     def logprob_settings(self) -> tuple[bool, int]:
         return self.logprobs is not None, self.logprobs or 0
+
+    def prompt_logprobs(self) -> bool:
+        return bool(self.echo) and self.logprobs is not None
+
+    def prompt_token_ids(self, tokenizer: Tokenizer, vocab_size: int) -> list[list[int]]:
+        """Each prompt as token ids: a text encoded, ids checked against the vocabulary."""
+        ids = [tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else p for p in self.prompts()]
+        check_token_ids(ids, vocab_size, "prompt")
+        return ids
+
+
+class TokenizeRequest(_Body):
+    """POST /tokenize (vLLM's shape): a text to the model's token ids."""
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(_Body):
+    """POST /detokenize (vLLM's shape): token ids to text."""
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
+def tokenize_answer(tokenizer: Tokenizer, body: TokenizeRequest, max_model_len: int) -> dict:
+    tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": max_model_len}
+
+
+def detokenize_answer(tokenizer: Tokenizer, body: DetokenizeRequest, vocab_size: int) -> dict:
+    check_token_ids([body.tokens], vocab_size, "tokens")
+    return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+
+def tokenizer_info(tokenizer: Tokenizer, max_model_len: int) -> dict:
+    """GET /tokenizer_info (vLLM's): what lm-eval's remote tokenizer reads (special tokens, chat template)."""
+    return {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token, "pad_token": None,
+            "chat_template": tokenizer.chat_template, "model_max_length": max_model_len,
+            "vocab_size": tokenizer.vocab_size}
+
+
+def check_token_ids(prompts: list[list[int]], vocab_size: int, param: str) -> None:
+    """Raises InvalidRequest for a token id the model does not have (gateway and replica both call it)."""
+    for i, ids in enumerate(prompts):
+        if ids and max(ids) >= vocab_size:
+            where = f"{param}[{i}]" if len(prompts) > 1 else param
+            raise InvalidRequest(f"Invalid '{where}': token id {max(ids)} is not in the vocabulary (ids are "
+                                 f"0 to {vocab_size - 1})", param=param, code="invalid_token_id")
 
 
 class EmbeddingRequest(_Body):

@@ -3,6 +3,11 @@ from typing import Protocol
 
 
 class Tokenizer(Protocol):
+    vocab_size: int
+    bos_token: str | None
+    eos_token: str | None
+    chat_template: str | None
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
     def token_bytes(self, token_id: int) -> bytes: ...

@@ -20,12 +20,13 @@ from inferd.protocol import headers
 from inferd.protocol.errors import (DeadlineExceeded, InvalidRequest, ModelNotFound, ServiceUnavailable, error_body,
                                     error_response)
 from inferd.protocol.http import RequestContextMiddleware, read_json, unless_disconnected
-from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest, SamplingRequest, usage_body
+from inferd.protocol.openai import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingRequest,
+                                    TokenizeRequest, detokenize_answer, tokenize_answer, tokenizer_info, usage_body)
 from inferd.protocol.sse import SSE_DONE, SSEResponse, sse_event
 from inferd.protocol.tokenizer import Tokenizer
 from inferd.replica.errors import replica_error
 from inferd.replica.state import deadline_s
-from inferd.replica.responses import (ChoiceResult, ResponseMeta, chat_chunk, chat_logprobs, chat_response,
+from inferd.replica.responses import (ChoiceResult, Echo, ResponseMeta, chat_chunk, chat_logprobs, chat_response,
                                       completion_chunk, completion_logprobs, completion_response, sampling_params,
                                       usage_chunk)
 from inferd.replica.metrics import ServerMetrics
@@ -87,7 +88,10 @@ class OpenAIRoutes:
     def routes(self) -> list[BaseRoute]:
         return [Route("/v1/models", self.list_models, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-                Route("/v1/completions", self.completions, methods=["POST"])]
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/detokenize", self.detokenize, methods=["POST"]),
+                Route("/tokenizer_info", self.tokenizer_info, methods=["GET"])]
 
     async def list_models(self, request: Request) -> Response:
         info = self.backend.info
@@ -112,7 +116,7 @@ class OpenAIRoutes:
     async def completions(self, request: Request) -> Response:
         body = CompletionRequest.model_validate(await read_json(request, self.config.max_body_bytes))
         self._check_model(body.model)
-        prompts = [self._prompt_ids(p) for p in body.prompts()]
+        prompts = body.prompt_token_ids(self.backend.tokenizer, self.backend.info.vocab_size)
         jobs = self._jobs(request, body, prompts)
         meta = self._meta("cmpl", request)
         lens = [len(p) for p in prompts]
@@ -121,7 +125,22 @@ class OpenAIRoutes:
                                                                        self._usage_events(request)))
         results = await unless_disconnected(request, self._collect(jobs))
         usage = _usage(lens, results)
-        return _unary(completion_response(meta, results, usage, self._token_bytes, body.logprobs is not None), usage)
+        echoes = [self._echo(p, ids) for p, ids in zip(body.prompts(), prompts)] if body.echo else None
+        return _unary(completion_response(meta, results, usage, self._token_bytes, body.logprobs is not None,
+                                          echoes), usage)
+
+    async def tokenize(self, request: Request) -> Response:
+        body = TokenizeRequest.model_validate(await read_json(request, self.config.max_body_bytes))
+        self._check_model(body.model)
+        return JSONResponse(tokenize_answer(self.backend.tokenizer, body, self.backend.info.max_model_len))
+
+    async def detokenize(self, request: Request) -> Response:
+        body = DetokenizeRequest.model_validate(await read_json(request, self.config.max_body_bytes))
+        self._check_model(body.model)
+        return JSONResponse(detokenize_answer(self.backend.tokenizer, body, self.backend.info.vocab_size))
+
+    async def tokenizer_info(self, request: Request) -> Response:
+        return JSONResponse(tokenizer_info(self.backend.tokenizer, self.backend.info.max_model_len))
 
     # request preparation
 
@@ -130,13 +149,10 @@ class OpenAIRoutes:
             raise ModelNotFound(f"The model '{model}' does not exist; this server serves "
                                 f"'{self.backend.info.name}'.", param="model")
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.backend.tokenizer.encode(prompt, add_special_tokens=True)
-        vocab_size = self.backend.info.vocab_size
-        if any(t >= vocab_size for t in prompt):
-            raise InvalidRequest(f"token ids must be below the vocabulary size {vocab_size}", param="prompt")
-        return prompt
+    def _echo(self, prompt: str | list[int], token_ids: list[int]) -> Echo:
+        """A text prompt comes back as sent; token ids as the text they decode to (special tokens kept)."""
+        text = prompt if isinstance(prompt, str) else self.backend.tokenizer.decode(prompt, skip_special_tokens=False)
+        return Echo(text, token_ids)
 
     def _jobs(self, request: Request, body: SamplingRequest, prompts: list[list[int]]) -> list[Job]:
         rid, n, max_len = request.state.request_id, body.num_choices, self.backend.info.max_model_len

@@ -29,6 +29,7 @@ def sampling_params(body: SamplingRequest, num_prompt_tokens: int, max_model_len
         ignore_eos=bool(body.ignore_eos),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        prompt_logprobs=body.prompt_logprobs(),
         response_format=engine_format(body.response_format) if body.response_format else None,
     )
 
@@ -64,6 +65,7 @@ class ChoiceResult:
     index: int
     text_parts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 1.. (echo with logprobs)
     finish_reason: str | None = None
     num_output_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
@@ -71,6 +73,7 @@ class ChoiceResult:
     def add(self, out: RequestOutput) -> None:
         self.text_parts.append(out.text)
         self.logprobs.extend(out.logprobs or [])
+        self.prompt_logprobs.extend(out.prompt_logprobs or [])
         self.count(out)
         if out.finished:
             self.finish_reason = out.finish_reason
@@ -129,12 +132,36 @@ def chat_chunk(meta: ResponseMeta, index: int, delta: dict, logprobs: dict | Non
     return _envelope(meta, "chat.completion.chunk") | {"choices": [choice]} | _chunk_usage(usage)
 
 
+@dataclass(slots=True)
+class Echo:
+    """A choice's prompt, as echo returns it before the completion."""
+    text: str
+    token_ids: list[int]
+
+
 def completion_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_bytes: TokenBytes,
-                        with_logprobs: bool) -> dict:
-    body = [{"index": c.index, "text": c.text,
-             "logprobs": completion_logprobs(c.logprobs, token_bytes, 0) if with_logprobs else None,
-             "finish_reason": c.finish_reason} for c in choices]
+                        with_logprobs: bool, echoes: list[Echo] | None = None) -> dict:
+    """echoes: one per choice (echo asked): its prompt before its text, and its prompt tokens' logprobs first."""
+    def choice(c: ChoiceResult, echo: Echo | None) -> dict:
+        text = echo.text + c.text if echo else c.text
+        logprobs = None
+        if with_logprobs:
+            logprobs = completion_logprobs(c.logprobs, token_bytes, len(echo.text) if echo else 0)
+            if echo:
+                prompt = echo_logprobs(echo, c.prompt_logprobs, token_bytes)
+                logprobs = {k: prompt[k] + logprobs[k] for k in prompt}
+        return {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason}
+    body = [choice(c, echoes[i] if echoes else None) for i, c in enumerate(choices)]
     return _envelope(meta, "text_completion") | {"choices": body, "usage": usage}
+
+
+def echo_logprobs(echo: Echo, scored: list[TokenLogprob], token_bytes: TokenBytes) -> dict:
+    """The prompt's tokens in completion_logprobs' shape; the first has no logprob and no alternatives (null)."""
+    assert [lp.token_id for lp in scored] == echo.token_ids[1:], "prompt logprobs of other tokens than the prompt's"
+    first = token_text(token_bytes(echo.token_ids[0]))
+    rest = completion_logprobs(scored, token_bytes, len(first))
+    return {"tokens": [first] + rest["tokens"], "token_logprobs": [None] + rest["token_logprobs"],
+            "top_logprobs": [None] + rest["top_logprobs"], "text_offset": [0] + rest["text_offset"]}
 
 
 def completion_chunk(meta: ResponseMeta, index: int, text: str, logprobs: dict | None, finish_reason: str | None,

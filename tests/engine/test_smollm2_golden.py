@@ -53,3 +53,33 @@ def test_bf16_logits_within_tolerance_of_fp32(smollm2):
     assert top_ids[0] in ref_lp.topk(2).indices.tolist()
     for token, lp in out.logprobs[0].top:
         assert lp == pytest.approx(ref_lp[token].item(), abs=0.35)
+
+
+def test_fp32_prompt_logprobs_equal_transformers_across_chunks_and_a_cached_prefix(smollm2):
+    """Every prompt token's logprob (what /v1/completions' echo returns), prompt longer than a chunk, computed
+    once with nothing cached and once after another request left the prompt's blocks in the prefix cache."""
+    hf, model = smollm2
+    text = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg built a "
+            "machine that pressed inked metal type onto paper. Books became cheaper, literacy spread across Europe, "
+            "and ideas moved faster than ever before. Scholars argue about how much of the Reformation, the "
+            "scientific revolution and the rise of newspapers followed from it.")
+    ids = model.tokenizer.encode(text)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+    ref_lp = ref.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)
+    engine = LLMEngine(model, EngineConfig(dtype="float32", num_kv_blocks=64, max_num_batched_tokens=32))
+    assert len(ids) > 2 * 32
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=True, top_logprobs=1, prompt_logprobs=True)
+    engine.add_request("warm", ids, SamplingParams(max_tokens=1, temperature=0.0))
+    while engine.has_work():
+        engine.step()
+    for rid in ("after-cache", "again"):
+        engine.add_request(rid, ids, params)
+        outs = []
+        while engine.has_work():
+            outs += engine.step()
+        got = outs[0].prompt_logprobs
+        assert outs[-1].num_cached_tokens == 0 and [lp.token_id for lp in got] == ids[1:]
+        diff = (torch.tensor([lp.logprob for lp in got]) - ref_lp).abs().max().item()
+        assert diff < 1e-4, f"largest difference from transformers: {diff:.2e}"
+        assert [lp.top[0][0] for lp in got] == ref.argmax(-1).tolist()

@@ -19,6 +19,9 @@ CHAT = {"messages": [{"role": "user", "content": "one two three"}], "max_tokens"
 
 
 class WordTokenizer:
+    vocab_size = 1000
+    bos_token = eos_token = chat_template = None
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [len(w) for w in text.split()]
 

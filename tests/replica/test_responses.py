@@ -6,8 +6,8 @@ from pydantic import ValidationError
 from inferd.protocol.errors import ContextLengthExceeded, InvalidRequest
 from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest, usage_body
 from inferd.protocol.sse import SSE_DONE, sse_event
-from inferd.replica.responses import (ChoiceResult, ResponseMeta, chat_chunk, chat_logprobs, completion_logprobs,
-                                      sampling_params, usage_chunk)
+from inferd.replica.responses import (ChoiceResult, Echo, ResponseMeta, chat_chunk, chat_logprobs, completion_logprobs,
+                                      completion_response, sampling_params, usage_chunk)
 from inferd.engine.request import EngineError, RequestOutput, TokenLogprob
 
 USER = [{"role": "user", "content": "hi"}]
@@ -121,10 +121,31 @@ def test_completion_logprobs_and_unsupported_fields():
     assert completion().logprob_settings() == (False, 0)
     with pytest.raises(ValidationError):
         completion(logprobs=6)
-    with pytest.raises(InvalidRequest) as e:
-        completion(echo=True)
-    assert e.value.param == "echo"
     assert completion(echo=False).echo is False
+
+
+def test_echo_rules():
+    assert completion(echo=True, logprobs=1).prompt_logprobs()
+    assert not completion(echo=True).prompt_logprobs() and not completion(logprobs=1).prompt_logprobs()
+    assert completion(echo=True, max_tokens=0).checked_max_tokens(10, 10) == 0  # the prompt may fill the context
+    with pytest.raises(ContextLengthExceeded):
+        completion(echo=True, max_tokens=1).checked_max_tokens(10, 10)
+    for fields, param in [(dict(echo=True, stream=True), "echo"), (dict(echo=True, n=2), "echo"),
+                          (dict(max_tokens=0), "max_tokens")]:
+        with pytest.raises(InvalidRequest) as e:
+            completion(**fields)
+        assert e.value.param == param
+
+
+def test_token_ids_outside_the_vocabulary():
+    class Ids:
+        def encode(self, text, add_special_tokens=True):
+            return [ord(c) for c in text]
+    assert completion(prompt=[[1, 2], [3]]).prompt_token_ids(Ids(), 10) == [[1, 2], [3]]
+    assert completion(prompt="ab").prompt_token_ids(Ids(), 100) == [[97, 98]]
+    with pytest.raises(InvalidRequest) as e:
+        completion(prompt=[[1, 2], [3, 10]]).prompt_token_ids(Ids(), 10)
+    assert e.value.param == "prompt" and "prompt[1]" in e.value.message and "token id 10" in e.value.message
 
 
 def test_choices_per_request_are_bounded():
@@ -164,6 +185,19 @@ def test_completion_logprobs_offsets():
                                token_bytes, text_offset=5)
     assert body == {"tokens": ["He", "llo"], "token_logprobs": [-0.1, -0.2],
                     "top_logprobs": [{"He": -0.1, "é": -3.0}, {}], "text_offset": [5, 7]}
+
+
+def test_echo_puts_the_prompt_first_with_a_null_first_logprob():
+    result = ChoiceResult(0)
+    result.add(RequestOutput("r", "llo", [2], [TokenLogprob(2, -0.2, [(2, -0.2)])], True, "length", 2, 1,
+                             prompt_logprobs=[TokenLogprob(3, -1.5, [(1, -0.5)])]))
+    echo = Echo("Heé", [1, 3])
+    body = completion_response(META, [result], {}, token_bytes, True, [echo])["choices"][0]
+    assert body["text"] == "Heéllo"
+    assert body["logprobs"] == {"tokens": ["He", "é", "llo"], "token_logprobs": [None, -1.5, -0.2],
+                                "top_logprobs": [None, {"He": -0.5}, {"llo": -0.2}], "text_offset": [0, 2, 3]}
+    plain = completion_response(META, [result], {}, token_bytes, False, [echo])["choices"][0]
+    assert plain["text"] == "Heéllo" and plain["logprobs"] is None
 
 
 def test_choice_result_accumulates():
