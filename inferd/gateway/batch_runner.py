@@ -160,7 +160,7 @@ class BatchRunner:
                 return
             for line in pending:
                 model = json.loads(line["body"]).get("model")
-                if self._running.get(model, 0) >= self._cap(model):
+                if self._running.get(model, 0) >= self._cap(model, op.kind):
                     break
                 self._running[model] = self._running.get(model, 0) + 1
                 running[asyncio.create_task(self._line(batch, key, op, line, model))] = line["line"]
@@ -174,8 +174,10 @@ class BatchRunner:
             if time.monotonic() - key_read_s > POLL_S * 10:
                 key, key_read_s = await self._key(batch), time.monotonic()
 
-    def _cap(self, model: str | None) -> int:
-        d = self.gw.deployments.get(model) if model else None
+    def _cap(self, model: str | None, kind: str) -> int:
+        """Lines at once for the model: its queue's capacity, so that each waits at most for one to end."""
+        ds = self.gw.deployments
+        d = ds.get(model or ds.defaults.get(kind, ""))
         return max(d.queue.max_inflight, 1) if d is not None else UNLIMITED_LINES
 
     async def _line(self, batch: dict, key, op: Operation, line: dict, model: str | None) -> None:
