@@ -31,7 +31,8 @@ def server_process(log_path: Path, *args: str, embeddings: bool = False, classic
     """running_server's process and URL, for a test that kills it; terminated at the end if it still runs."""
     port = free_port()
     cmd = [sys.executable, "-m", "inferd.cli", "serve", "--dtype", "float32", "--port", str(port),
-           "--db", db_url(log_path), "--usage-journal", str(log_path.with_name("usage.journal")), *args]
+           "--db", db_url(log_path), "--usage-journal", str(log_path.with_name("usage.journal")),
+           "--files-dir", str(log_path.with_name("files")), *args]
     if not embeddings and "--config" not in args:
         cmd += ["--embedding-model", "none"]
     if not classical and "--config" not in args:

@@ -39,6 +39,10 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--usage-journal", "--spill-path", dest="usage_journal", default=None,
                    help="usage records are appended here before the answer leaves, until the store has them "
                    "(one per gateway; default ~/.inferd/usage.journal)")
+    p.add_argument("--files-dir", default=None, help="uploaded files and batch outputs, one folder per tenant "
+                   "(default ~/.inferd/files)")
+    p.add_argument("--batch-price-multiplier", type=float, default=0.5,
+                   help="a batch line costs this share of the model's price (default 0.5)")
     p.add_argument("--router", choices=POLICIES, default="prefix",
                    help="replica choice: prefix-cache affinity against load (default), least_loaded, round_robin")
     p.add_argument("--router-affinity-weight", type=float, default=1.0)

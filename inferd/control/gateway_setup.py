@@ -32,10 +32,12 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
                             "max_queued_tokens": queue.max_queued_tokens} | overrides))
     config = GatewayConfig(host=args.host, port=args.port, db_url=args.db, redis_url=args.redis_url,
                            admin_key=args.admin_key, prices=settings.get("prices", {}), queue=queue,
-                           otlp_endpoint=args.otlp_endpoint,
+                           otlp_endpoint=args.otlp_endpoint, batch_price_multiplier=args.batch_price_multiplier,
                            router=RouterConfig(args.router, args.router_affinity_weight, args.router_load_weight))
     if args.usage_journal:
         config.usage_journal = Path(args.usage_journal)
+    if args.files_dir:
+        config.files_dir = Path(args.files_dir)
     return config
 
 

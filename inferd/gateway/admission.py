@@ -1,7 +1,11 @@
 """Bounded, deadline-aware admission for one deployment.
 
-At most `max_inflight` requests run on the deployment's replicas; the rest wait in bounded queues, one
-per priority class (interactive before batch). Inside a class, tenants share dispatch by weighted fair
+At most `max_inflight` interactive requests run on the deployment's replicas; the rest wait in bounded
+queues, one per priority class (interactive before batch). A batch request starts only into capacity that
+interactive traffic leaves free (fewer than `max_inflight` running of all classes, none interactive waiting),
+and never holds a slot against an interactive one: interactive requests count only themselves against
+`max_inflight`, so a replica full of batch work still takes them at once and its engine preempts the batch
+sequences first. Inside a class, tenants share dispatch by weighted fair
 queueing over reserved tokens (start-time fair queueing), so one tenant's burst waits behind its own
 requests, not in front of everyone else's. A full queue answers at once; a request whose deadline passes
 while it waits is dropped before it starts.
@@ -61,7 +65,8 @@ class AdmissionQueue:
     def __init__(self, config: QueueConfig):
         self.config = config
         self.max_inflight = config.max_inflight  # the capacity now: the control plane sets it (set_capacity)
-        self.inflight = 0
+        self.inflight = 0  # all classes together
+        self.inflight_by_class = {c: 0 for c in PRIORITY_CLASSES}
         self._queues: dict[str, dict[str, deque[Ticket]]] = {c: {} for c in PRIORITY_CLASSES}
         self._last_finish: dict[tuple[str, str], float] = {}
         self._virtual_time = {c: 0.0 for c in PRIORITY_CLASSES}
@@ -80,7 +85,7 @@ class AdmissionQueue:
             await asyncio.wait_for(asyncio.shield(ticket.admitted), timeout)
         except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
             if ticket.admitted.done():
-                self.release(0.0)
+                self.release(0.0, ticket.priority_class)
             else:
                 self._remove(ticket)
             if isinstance(exc, asyncio.TimeoutError):
@@ -90,10 +95,11 @@ class AdmissionQueue:
             raise
         return time.monotonic() - ticket.enqueued_s
 
-    def release(self, service_s: float) -> None:
-        """A dispatched request ended (however it ended)."""
-        assert self.inflight > 0
+    def release(self, service_s: float, priority_class: str = PRIORITY_CLASSES[0]) -> None:
+        """A dispatched request of that class ended (however it ended)."""
+        assert self.inflight_by_class[priority_class] > 0
         self.inflight -= 1
+        self.inflight_by_class[priority_class] -= 1
         if service_s > 0:
             self._service_s = 0.9 * self._service_s + 0.1 * service_s
         self._dispatch()
@@ -164,16 +170,19 @@ class AdmissionQueue:
             del self._queues[ticket.priority_class][ticket.tenant_id]
 
     def _dispatch(self) -> None:
-        while self.inflight < self.max_inflight:
-            ticket = self._next()
-            if ticket is None:
-                return
+        while (ticket := self._next()) is not None:
             self.inflight += 1
+            self.inflight_by_class[ticket.priority_class] += 1
             ticket.admitted.set_result(None)
 
     def _next(self) -> Ticket | None:
+        """The next ticket that may start: interactive while fewer than max_inflight of its own run; a lower
+        class only while nothing of a higher class waits and fewer than max_inflight of all classes run."""
         for cls in PRIORITY_CLASSES:
             tenants = self._queues[cls]
+            running = self.inflight_by_class[cls] if cls == PRIORITY_CLASSES[0] else self.inflight
+            if tenants and running >= self.max_inflight:
+                return None
             if tenants:
                 queue = min(tenants.values(), key=lambda q: q[0].virtual_start)
                 ticket = queue.popleft()

@@ -18,10 +18,13 @@ from starlette.routing import Route
 
 from inferd.gateway import admin, classical, embeddings, text
 from inferd.gateway.auth import KeyCache, client_address
+from inferd.gateway.batch_runner import BatchRunner
+from inferd.gateway.batches import BatchRoutes, BatchStore
 from inferd.gateway.charges import Charges
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.deployments import Deployments, Upstream
 from inferd.gateway.federate import replica_metrics
+from inferd.gateway.files import FileRoutes, Files, LocalFileStorage
 from inferd.gateway.kinds import Operation
 from inferd.gateway.lifecycle import RequestPath
 from inferd.gateway.sessions import PolicySessions
@@ -74,13 +77,19 @@ class Gateway:
                                     self.record, self.metrics, self.tracer)
         self.sessions = PolicySessions(self)  # robot policies over WebSocket
         self.metrics.watch(self.sessions.collect)
+        self.files = Files(store.engine, LocalFileStorage(config.files_dir), config.max_file_bytes,
+                           config.tenant_files_max_bytes)
+        self.batches = BatchStore(store.engine)
+        self.batch_runner = BatchRunner(self)
 
     async def start(self) -> None:
         await self.usage.start()  # inserts what a killed predecessor journaled before anything is served
         for service in self.services:
             await service.start(self)
+        await self.batch_runner.start()  # resumes the store's unfinished batches
 
     async def close(self) -> None:
+        await self.batch_runner.close()
         for service in self.services:
             await service.close()
         await self.usage.close()
@@ -129,7 +138,8 @@ class GatewayRoutes:
                 *TokenizerRoutes(self.gw).routes(), Route("/health", self.health, methods=["GET"]),
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/ready", self.ready, methods=["GET"]),
-                Route("/metrics", self.metrics, methods=["GET"]), *self.gw.sessions.routes()] + admin.routes(self.gw)
+                Route("/metrics", self.metrics, methods=["GET"]), *self.gw.sessions.routes(),
+                *FileRoutes(self.gw).routes(), *BatchRoutes(self.gw).routes()] + admin.routes(self.gw)
 
     def _serve(self, op: Operation):
         async def endpoint(request: Request) -> Response:

@@ -26,6 +26,10 @@ class ModelPrice:
         return (fresh * self.input_usd_per_mtok + cached_tokens * self.cached_input_usd_per_mtok
                 + completion_tokens * self.output_usd_per_mtok) / 1e6 + session_s / 3600 * self.session_usd_per_hour
 
+    def scaled(self, multiplier: float) -> "ModelPrice":
+        return ModelPrice(self.input_usd_per_mtok * multiplier, self.cached_input_usd_per_mtok * multiplier,
+                          self.output_usd_per_mtok * multiplier, self.session_usd_per_hour * multiplier)
+
 
 @dataclass(slots=True)
 class GatewayConfig:
@@ -43,6 +47,13 @@ class GatewayConfig:
     max_body_bytes: int = 16 * 2**20
     tenant_label_limit: int = 100  # tenants named in metrics; the rest are counted as "other"
     otlp_endpoint: str | None = None
+    # files and batches (files.py, batches.py, batch_runner.py)
+    files_dir: Path = Path.home() / ".inferd" / "files"  # the local file storage: one folder per tenant
+    max_file_bytes: int = 200 * 2**20  # one uploaded file
+    tenant_files_max_bytes: int = 2 * 2**30  # all of a tenant's files together
+    batch_price_multiplier: float = 0.5  # a batch line costs this share of the model's price
+    batch_max_lines: int = 50_000
+    tenant_batch_queued_tokens: int = 20_000_000  # reserved tokens of a tenant's unfinished batch lines
 
     def price(self, model: str) -> ModelPrice:
         return self.prices.get(model) or self.prices.get("*") or ModelPrice()

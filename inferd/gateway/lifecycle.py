@@ -10,6 +10,8 @@
 
 The route handler (`serve`) drives this as an async generator: its first item is the response head, the
 rest is the stream; whatever the client or the upstream does, the generator's `finally` runs once.
+A batch line (batch_runner.py) comes through `serve` too, as an in-process request with its key already
+known and its batch id: the same limits, admission, routing and records, priced at the batch multiplier.
 """
 import json
 import logging
@@ -30,7 +32,7 @@ from inferd.gateway.admission import QueueRejected, Ticket
 from inferd.gateway.auth import KeyCache, client_address
 from inferd.gateway.charges import (Charges, Plan, actual_amounts, queue_rejected, rate_limited,
                                     request_charges)
-from inferd.gateway.config import GatewayConfig
+from inferd.gateway.config import GatewayConfig, ModelPrice
 from inferd.gateway.degrade import degrade
 from inferd.gateway.kinds import Operation
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
@@ -103,6 +105,7 @@ class Exchange:
     headers: dict[str, str] = field(default_factory=dict)  # said on every response (degraded, fallback)
     refusal: BaseException | None = None  # what ended it before any attempt
     content: bytes = b""  # the client's body, as it came (a plan without a body of its own forwards it)
+    batch_id: str | None = None  # a batch line's batch: priced at config.batch_price_multiplier
     finished: bool = False  # _finish ran (at a stream's end, before its [DONE], or in the finally)
 
     def begin(self, plan: Plan, admission: Admission) -> Attempt:
@@ -141,23 +144,27 @@ class RequestPath:
         self.traced = not isinstance(tracer, trace.NoOpTracer)  # without an exporter, no span work at all
         self._urls: dict[tuple[str, str], httpx.URL] = {}
 
-    async def serve(self, request: Request, op: Operation) -> Response:
-        life = self._life(request, op)
+    async def serve(self, request: Request, op: Operation, key: KeyPolicy | None = None,
+                    batch_id: str | None = None) -> Response:
+        """The answer to request; key: already known (a batch line's), else the request's own is checked."""
+        life = self._life(request, op, key, batch_id)
         head = await anext(life)
         if head.content is None:
             return SSEResponse(life, headers=head.headers)
         await life.aclose()
         return Response(head.content, status_code=head.status, headers=head.headers)
 
-    async def _life(self, request: Request, op: Operation) -> AsyncGenerator[Head | bytes, None]:
+    async def _life(self, request: Request, op: Operation, key: KeyPolicy | None, batch_id: str | None
+                    ) -> AsyncGenerator[Head | bytes, None]:
         state = request.state
         x = Exchange(state.request_id, op.name, state.arrival_s, self.tracer.start_span(
             op.name, kind=trace.SpanKind.SERVER, attributes={
                 "gen_ai.operation.name": op.name, "gen_ai.provider.name": "inferd",
-                "inferd.request_id": state.request_id}))
+                "inferd.request_id": state.request_id}), batch_id=batch_id)
         try:
             with self._child("auth", x):
-                x.key = await self.keys.authenticate(request.headers.get("authorization"), client_address(request))
+                x.key = key or await self.keys.authenticate(request.headers.get("authorization"),
+                                                            client_address(request))
             x.content = await read_body(request, min(op.max_body_bytes or self.config.max_body_bytes,
                                                      self.config.max_body_bytes))
             raw = op.decode(x.content)
@@ -194,6 +201,18 @@ class RequestPath:
 
     # planning
 
+    def price(self, model: str, batch: bool) -> ModelPrice:
+        """The model's price; a batch line's is config.batch_price_multiplier of it."""
+        price = self.config.price(model)
+        return price.scaled(self.config.batch_price_multiplier) if batch else price
+
+    def planned(self, key: KeyPolicy, op: Operation, raw: dict) -> Plan:
+        """What serving this body as key would plan, without running it: a batch line's validation. Raises
+        what the request would be refused with (its body, its model, the key's access, the per-request limits)."""
+        body = op.body_type.model_validate(raw)
+        d = self._deployment(key, op, body.model, None)
+        return op.plan(d, key, body, raw, self.price(d.name, batch=True))
+
     def _deployment(self, key: KeyPolicy, op: Operation, model: str | None, version: str | None) -> Deployment:
         deployment = self.deployments.route(model, op.kind, version)  # a canary's share goes there
         return usable(deployment, key, op.kind, op.path, model, version)
@@ -220,7 +239,8 @@ class RequestPath:
 
     def _plan(self, x: Exchange, op: Operation, d: Deployment, body, raw: dict) -> tuple[Deployment, Plan]:
         """The plan on its deployment, after the deployment's degradation ladder (if it is overloaded)."""
-        price = self.config.price
+        def price(model: str) -> ModelPrice:
+            return self.price(model, x.batch_id is not None)
         plan = op.plan(d, x.key, body, raw, price(d.name))
         if d.degrader is None:
             return d, plan
@@ -270,7 +290,7 @@ class RequestPath:
                         outcome.retry_reason, nxt.name)
             self.metrics.fallback(d.name, nxt.name, outcome.retry_reason)
             x.headers[headers.FALLBACK] = f"{primary}->{nxt.name}"
-            d, plan = nxt, op.plan(nxt, x.key, body, raw, self.config.price(nxt.name))
+            d, plan = nxt, op.plan(nxt, x.key, body, raw, self.price(nxt.name, x.batch_id is not None))
 
     async def _on_deployment(self, x: Exchange, op: Operation, d: Deployment, plan: Plan
                              ) -> tuple[Attempt, httpx.Response | None]:
@@ -403,13 +423,14 @@ class RequestPath:
         o, d, a = attempt.outcome, attempt.deployment, attempt.admission
         if not o.billed:
             o.prompt_tokens = o.cached_tokens = o.completion_tokens = 0
-        cost = self.config.price(d.name).cost_usd(o.prompt_tokens, o.cached_tokens, o.completion_tokens)
+        cost = self.price(d.name, x.batch_id is not None).cost_usd(o.prompt_tokens, o.cached_tokens,
+                                                                  o.completion_tokens)
         if ends_admission:
             if a.reservation is not None:
                 await self.limiter.settle(a.reservation, actual_amounts(
                     a.reservation.charges, o.prompt_tokens + o.completion_tokens, cost))
             if a.dispatched_s is not None:
-                d.queue.release(time.monotonic() - a.dispatched_s)
+                d.queue.release(time.monotonic() - a.dispatched_s, x.priority_class)
         return UsageRecord(
             request_id=x.request_id, attempt=attempt.number, model=d.name, status=o.status,
             http_status=o.http_status, started_unix_s=attempt.started_unix_s, e2e_s=time.monotonic() - x.arrival_s,
@@ -417,14 +438,15 @@ class RequestPath:
             deployment_version=d.version, replica=attempt.upstream.name if attempt.upstream else None,
             priority_class=x.priority_class, error_code=o.error_code, prompt_tokens=o.prompt_tokens,
             cached_tokens=o.cached_tokens, completion_tokens=o.completion_tokens, queue_s=a.queue_s,
-            ttft_s=o.ttft_s, cost_usd=cost)
+            ttft_s=o.ttft_s, cost_usd=cost, batch_id=x.batch_id)
 
     def _refusal_record(self, x: Exchange) -> UsageRecord:
         err = to_api_error(x.refusal) if isinstance(x.refusal, Exception) else None
         return UsageRecord(
             request_id=x.request_id, model=UNKNOWN_MODEL, status="rejected", http_status=err.status if err else 499,
             started_unix_s=x.started_unix_s, e2e_s=time.monotonic() - x.arrival_s, gateway_id=self.config.gateway_id,
-            tenant_id=x.key.tenant.id, key_id=x.key.id, error_code=err.code if err else "client_closed_request")
+            tenant_id=x.key.tenant.id, key_id=x.key.id, error_code=err.code if err else "client_closed_request",
+            batch_id=x.batch_id)
 
     def _child(self, name: str, x: Exchange):
         if not self.traced:

@@ -6,7 +6,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, func, insert, select, update
+from sqlalchemy import Engine, case, create_engine, event, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from inferd.gateway.keys import NewKey, generate_key
@@ -174,8 +174,10 @@ class Store:
 
     def usage_summary(self, since_unix_s: float, until_unix_s: float, tenant_name: str | None = None,
                       gateway_id: str | None = None) -> list[dict]:
+        """Per tenant, model and spend ("batch": batch lines, at the batch price; else "interactive")."""
         u = usage_records
-        query = (select(func.coalesce(tenants.c.name, u.c.tenant_id).label("tenant"), u.c.model,
+        spend = case((u.c.batch_id.is_(None), "interactive"), else_="batch").label("spend")
+        query = (select(func.coalesce(tenants.c.name, u.c.tenant_id).label("tenant"), u.c.model, spend,
                         func.count().label("requests"),
                         *(func.sum(_status_is(u, s)).label(s) for s in STATUSES),
                         func.sum(u.c.prompt_tokens).label("prompt_tokens"),
@@ -184,7 +186,7 @@ class Store:
                         func.sum(u.c.cost_usd).label("cost_usd"))
                  .select_from(u.outerjoin(tenants, tenants.c.id == u.c.tenant_id))
                  .where(u.c.ended_unix_s >= since_unix_s, u.c.ended_unix_s < until_unix_s)
-                 .group_by("tenant", u.c.model).order_by("tenant", u.c.model))
+                 .group_by("tenant", u.c.model, "spend").order_by("tenant", u.c.model, "spend"))
         if tenant_name is not None:
             query = query.where(tenants.c.name == tenant_name)
         if gateway_id is not None:
@@ -234,4 +236,4 @@ def _status_is(u: Any, status: str) -> Any:
 
 
 def _numbers(row: dict) -> dict:
-    return {k: (v if v is not None or k in ("tenant", "model") else 0) for k, v in row.items()}
+    return {k: (v if v is not None or k in ("tenant", "model", "spend") else 0) for k, v in row.items()}

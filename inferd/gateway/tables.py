@@ -1,5 +1,5 @@
 """The gateway's SQL schema (SQLAlchemy Core). Change it only together with a migration in migrations/versions."""
-from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table,
+from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text,
                         UniqueConstraint)
 
 metadata = MetaData()
@@ -62,6 +62,54 @@ usage_records = Table(
     Column("ended_unix_s", Float, nullable=False),
     Column("gateway_id", String(64), nullable=False),
     Column("units", JSON),  # what a record counts beyond tokens (a robot session: observations, actions, ...)
+    Column("batch_id", String(40)),  # the batch whose line this was (priced at the batch multiplier)
     UniqueConstraint("record_id", name="uq_usage_records_record_id"),
     Index("ix_usage_records_tenant_ended", "tenant_id", "ended_unix_s"),
+)
+
+files = Table(  # the bytes are in the file storage (files.py), under the tenant, by id
+    "files", metadata,
+    Column("seq", BigId, primary_key=True, autoincrement=True),  # list order and cursor
+    Column("id", String(40), nullable=False, unique=True),
+    Column("tenant_id", String(40), nullable=False),
+    Column("purpose", String(32), nullable=False),
+    Column("filename", String(256), nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", Integer, nullable=False),
+    Index("ix_files_tenant_seq", "tenant_id", "seq"),
+)
+
+batches = Table(
+    "batches", metadata,
+    Column("seq", BigId, primary_key=True, autoincrement=True),
+    Column("id", String(40), nullable=False, unique=True),
+    Column("tenant_id", String(40), nullable=False),
+    Column("key_id", String(40), nullable=False),  # the lines run as this key (its limits, its models)
+    Column("endpoint", String(64), nullable=False),
+    Column("input_file_id", String(40), nullable=False),
+    Column("completion_window", String(16), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("metadata", JSON),
+    Column("errors", JSON),  # validation's errors: [{code, message, param, line}]
+    Column("output_file_id", String(40)),
+    Column("error_file_id", String(40)),
+    *(Column(f"{t}_at", Integer) for t in ("created", "in_progress", "expires", "finalizing", "completed",
+                                           "failed", "expired", "cancelling", "cancelled")),
+    Index("ix_batches_tenant_seq", "tenant_id", "seq"),
+    Index("ix_batches_status", "status"),
+)
+
+batch_lines = Table(  # one per input line; its result written once (state pending -> done, expired, cancelled)
+    "batch_lines", metadata,
+    Column("batch_id", String(40), ForeignKey("batches.id"), primary_key=True),
+    Column("line", Integer, primary_key=True),  # 1-based, as in the input file
+    Column("custom_id", String(512), nullable=False),
+    Column("body", Text, nullable=False),  # the line's body as JSON
+    Column("reserved_tokens", BigInteger, nullable=False),  # the plan's worst case (per-tenant queued caps)
+    Column("state", String(16), nullable=False),
+    Column("request_id", String(160)),
+    Column("status_code", Integer),
+    Column("response", Text),  # the answer's body (JSON), or the error's
+    Column("ended_at", Integer),
+    Index("ix_batch_lines_state", "batch_id", "state"),
 )

@@ -55,6 +55,7 @@ class UsageRecord:
     ttft_s: float | None = None
     cost_usd: float = 0.0
     units: dict[str, float] | None = None  # beyond tokens: a robot session's observations, actions, seconds, ...
+    batch_id: str | None = None  # a batch line's batch
     ended_unix_s: float = field(default_factory=time.time)
     record_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 

@@ -18,15 +18,20 @@ async def admit_all(q: AdmissionQueue, tickets: list[Ticket]) -> list[asyncio.Ta
     return tasks
 
 
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
 async def order_of(q: AdmissionQueue, tasks: list[asyncio.Task], names: list[str]) -> list[str]:
+    """The order the tasks were admitted in, releasing each at once (a name starting "batch" is of that class)."""
     order = []
     while len(order) < len(tasks):
         await asyncio.sleep(0)
         done = [n for t, n in zip(tasks, names) if t.done() and n not in order]
         order += done
-        if done:
-            for _ in done:
-                q.release(0.01)
+        for n in done:
+            q.release(0.01, "batch" if n.startswith("batch") else "interactive")
     return order
 
 
@@ -58,6 +63,25 @@ async def test_interactive_before_batch():
     tasks = await admit_all(q, [ticket("a", cls="batch"), ticket("a", cls="batch"), ticket("b")])
     q.release(0.01)
     assert (await order_of(q, tasks, names))[0] == "inter1"
+
+
+async def test_batch_only_into_capacity_interactive_leaves_free():
+    """Batch work fills idle slots, but never makes an interactive request wait for one."""
+    q = AdmissionQueue(QueueConfig(max_inflight=2))
+    batch = await admit_all(q, [ticket("a", cls="batch") for _ in range(3)])
+    assert [t.done() for t in batch] == [True, True, False]  # idle capacity: two batch requests run
+    inter = await admit_all(q, [ticket("b"), ticket("b"), ticket("b")])
+    assert [t.done() for t in inter] == [True, True, False]  # batch holds no slot against interactive
+    q.release(0.01, "batch")
+    await settle()
+    assert not batch[2].done()  # an interactive request waits: no new batch request starts
+    q.release(0.01, "interactive")
+    await settle()
+    assert inter[2].done() and not batch[2].done()
+    for cls in ("interactive", "interactive", "batch"):
+        q.release(0.01, cls)
+    await settle()
+    assert batch[2].done() and q.inflight_by_class == {"interactive": 0, "batch": 1}
 
 
 async def test_bounds_reject_at_once():

@@ -230,7 +230,7 @@ def test_usage_records_statuses_cli_and_reconciliation(server, url):
     assert all(r["request_id"] and r["key_id"] for r in rows)
     table = json.loads(inferd("usage", "--db", db_url(server[1]), "--tenant", name, "--format", "json"))
     assert sum(row["requests"] for row in table) == 3 and sum(row["cancelled"] for row in table) == 1
-    assert inferd("usage", "--db", db_url(server[1]), "--format", "csv").startswith("tenant,model,requests")
+    assert inferd("usage", "--db", db_url(server[1]), "--format", "csv").startswith("tenant,model,spend,requests")
     check = subprocess.run([sys.executable, "-m", "inferd.cli", "usage", "--db", db_url(server[1]), "--reconcile",
                             url, "--admin-key", ADMIN_KEY, "--format", "json"], capture_output=True, text=True,
                            cwd=ROOT)
