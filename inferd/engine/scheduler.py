@@ -150,21 +150,30 @@ class Scheduler:
         return [] if seq.params.prompt_logprobs else self.blocks.cached_prefix(seq)
 
     def _make_room_for_next(self) -> None:
-        """Priority policy: when the next waiting sequence cannot get its blocks, preempt running sequences
-        of lower classes (the newest first) until it can; done before this step schedules any of them."""
-        if not (self.by_priority and self.waiting and len(self.running) < self.max_num_seqs):
+        """Priority policy: the next waiting sequence gets a slot and its blocks from running sequences of lower
+        classes (the newest of the lowest first), preempted before this step schedules any of them: when all
+        max_num_seqs slots are taken, and when the KV pool cannot hold it."""
+        if not (self.by_priority and self.waiting):
             return
         seq = self.waiting[0]
+        while len(self.running) >= self.max_num_seqs:
+            if not self._preempt_lower_than(seq):
+                return
         prefix = self._reusable_prefix(seq)
         start = len(prefix) * self.blocks.block_size
         need = start + min(len(seq) - start, self.max_num_batched_tokens)
         while not self.blocks.can_admit(seq, need, prefix):
-            lower = [r for r in self.running if r.priority > seq.priority]
-            if not lower:
+            if not self._preempt_lower_than(seq):
                 return
-            victim = max(lower, key=lambda r: (r.priority, r.arrival_time))
-            self.running.remove(victim)
-            self._preempt(victim)
+
+    def _preempt_lower_than(self, seq: Sequence) -> bool:
+        lower = [r for r in self.running if r.priority > seq.priority]
+        if not lower:
+            return False
+        victim = max(lower, key=lambda r: (r.priority, r.arrival_time))
+        self.running.remove(victim)
+        self._preempt(victim)
+        return True
 
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.free(seq)

@@ -54,3 +54,24 @@ def test_an_interactive_request_preempts_batch_work_when_blocks_run_out():
     assert engine.scheduler.num_preemptions >= 1
     assert tokens["i"] == alone["i"]  # recomputed sequences and the interactive one: same greedy tokens
     assert first_at["i"] == 1  # its first token came in the very next step: batch work made room
+
+
+def test_an_interactive_request_takes_a_batch_sequences_slot_when_all_are_running():
+    ps = prompts(3, seed=7)
+    long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    alone = {rid: outputs(make_engine(), {rid: (ps[i], long, 0)})[0][rid] for i, rid in enumerate(["b1", "b2", "i"])}
+    engine = make_engine(max_num_seqs=2)  # blocks to spare: only the slots are short
+    engine.add_request("b1", ps[0], long, priority=BATCH)
+    engine.add_request("b2", ps[1], long, priority=BATCH)
+    for _ in range(10):
+        engine.step()
+    tokens, first_at = outputs(engine, {"i": (ps[2], long, INTERACTIVE)})
+    assert engine.scheduler.num_preemptions == 1  # one batch sequence gave its slot, once
+    assert first_at["i"] == 1 and tokens["i"] == alone["i"]
+    fcfs = make_engine(max_num_seqs=2, scheduling_policy="fcfs")
+    fcfs.add_request("b1", ps[0], long, priority=BATCH)
+    fcfs.add_request("b2", ps[1], long, priority=BATCH)
+    for _ in range(10):
+        fcfs.step()
+    _, first_at = outputs(fcfs, {"i": (ps[2], long, INTERACTIVE)})
+    assert fcfs.scheduler.num_preemptions == 0 and first_at["i"] > 1  # FCFS: it waits for a slot
