@@ -8,6 +8,7 @@ import time
 from inferd.bench.cli import add_bench_parser
 from inferd.control import commands as gateway_cli
 from inferd.control.kinds import KINDS, SETTINGS
+from inferd.eval.cli import add_eval_parser
 from inferd.engine.config import EngineConfig
 from inferd.settings import SettingError, add_flags, config_from
 from inferd.telemetry.logs import LOG_FORMATS
@@ -86,6 +87,7 @@ def _parser(replica_kind: str = "text") -> argparse.ArgumentParser:
     train.add_argument("--epochs", type=int, default=None, help="training epochs (default: the demo's)")
     train.add_argument("--seed", type=int, default=0)
     add_bench_parser(commands)
+    add_eval_parser(commands)
     gateway_cli.add_parsers(commands)
     gateway_cli.add_rollout_parser(commands)
     return parser
@@ -236,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from inferd.bench.cli import run_bench
         return run_bench(args)
+    if args.command == "eval":
+        from inferd.eval.cli import run_eval
+        return run_eval(args)
     if args.command in ("keys", "tenants", "usage"):
         return gateway_cli.run(args)
     if args.command == "config":

@@ -21,6 +21,7 @@ ALLOWED = {
     "control": {"protocol", "gateway", "replica", "embeddings", "classical", "policy", "router", "models",
                 "engine", "telemetry"},
     "bench": {"models"},  # prompts of a given length in the model's tokens
+    "eval": set(),  # the quality set and its scoring: it calls the service over HTTP like a user
     "settings": set(),
 }
 EVERYONE = ("settings",)  # inferd/settings.py: config fields to flags; it imports nothing of inferd
