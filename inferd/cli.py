@@ -162,6 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
     """The gateway on --port, in front of local `inferd replica` processes (one model, or a --config spec)."""
     from inferd.control.launch import (classical_spec, embedding_spec, local_plans, policy_spec, replica_args,
                                        spec_plans, start_deployments, stop_all)
+    from inferd.control.quality import release_gate
     from inferd.control.rollout import controller_for
     from inferd.control.gateway_setup import gateway_config, open_store, run_gateway
     from inferd.control.spec import ServiceSpec, SpecError, load_spec
@@ -186,7 +187,8 @@ def _serve(args: argparse.Namespace) -> int:
     store = open_store(config, args.api_key)
     try:
         deployments = start_deployments(plans, config)  # then each local deployment's pool keeps its replicas
-        rollouts = controller_for(plans, deployments)  # canaries: judged, promoted or rolled back
+        gate = release_gate(plans, deployments)  # a version below its quality floor takes no traffic
+        rollouts = controller_for(plans, deployments, gate)  # canaries: judged, promoted or rolled back
         run_gateway(config, store, deployments, args.log_level,
                     services=[p.pool for p in plans if p.pool is not None] + ([rollouts] if rollouts else []))
     except RuntimeError as exc:

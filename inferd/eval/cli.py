@@ -6,10 +6,9 @@ import os
 import sys
 from pathlib import Path
 
-from inferd.eval.docset import SPLITS, SetError
+from inferd.eval.docset import DEFAULT_SET, SPLITS, SetError
 
 EXIT_BELOW_FLOOR, EXIT_USAGE = 1, 2
-DEFAULT_SET = Path(__file__).resolve().parents[2] / "evals" / "docqa-v1"  # in a source checkout
 
 
 def add_eval_parser(commands: argparse._SubParsersAction) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 BEHAVIOURS = ("answer", "decline", "conflict")
 SPLITS = ("tuning", "acceptance")
+DEFAULT_SET = Path(__file__).resolve().parents[2] / "evals" / "docqa-v1"  # in a source checkout
 
 
 class SetError(ValueError):

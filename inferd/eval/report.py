@@ -48,7 +48,7 @@ def below_floor(summary: dict, floor: dict[str, float]) -> list[str]:
     for name, minimum in floor.items():
         m = summary["metrics"].get(name)
         if m is None or m["accuracy"] < minimum:
-            got = "not measured" if m is None else f"{m['accuracy']:.0%} [{m['low']:.0%}, {m['high']:.0%}]"
+            got = "not measured" if m is None else _pct(m)
             out.append(f"{name} {got} is below the floor {minimum:.0%}")
     return out
 
