@@ -8,6 +8,7 @@ import time
 from inferd.bench.cli import add_bench_parser
 from inferd.control import commands as gateway_cli
 from inferd.control.kinds import KINDS, SETTINGS
+from inferd.eval.cli import add_eval_parser
 from inferd.engine.config import EngineConfig
 from inferd.settings import SettingError, add_flags, config_from
 from inferd.telemetry.logs import LOG_FORMATS
@@ -86,6 +87,7 @@ def _parser(replica_kind: str = "text") -> argparse.ArgumentParser:
     train.add_argument("--epochs", type=int, default=None, help="training epochs (default: the demo's)")
     train.add_argument("--seed", type=int, default=0)
     add_bench_parser(commands)
+    add_eval_parser(commands)
     gateway_cli.add_parsers(commands)
     gateway_cli.add_rollout_parser(commands)
     return parser
@@ -160,6 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
     """The gateway on --port, in front of local `inferd replica` processes (one model, or a --config spec)."""
     from inferd.control.launch import (classical_spec, embedding_spec, local_plans, policy_spec, replica_args,
                                        spec_plans, start_deployments, stop_all)
+    from inferd.control.quality import release_gate
     from inferd.control.rollout import controller_for
     from inferd.control.gateway_setup import gateway_config, open_store, run_gateway
     from inferd.control.spec import ServiceSpec, SpecError, load_spec
@@ -184,7 +187,8 @@ def _serve(args: argparse.Namespace) -> int:
     store = open_store(config, args.api_key)
     try:
         deployments = start_deployments(plans, config)  # then each local deployment's pool keeps its replicas
-        rollouts = controller_for(plans, deployments)  # canaries: judged, promoted or rolled back
+        gate = release_gate(plans, deployments)  # a version below its quality floor takes no traffic
+        rollouts = controller_for(plans, deployments, gate)  # canaries: judged, promoted or rolled back
         run_gateway(config, store, deployments, args.log_level,
                     services=[p.pool for p in plans if p.pool is not None] + ([rollouts] if rollouts else []))
     except RuntimeError as exc:
@@ -236,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from inferd.bench.cli import run_bench
         return run_bench(args)
+    if args.command == "eval":
+        from inferd.eval.cli import run_eval
+        return run_eval(args)
     if args.command in ("keys", "tenants", "usage"):
         return gateway_cli.run(args)
     if args.command == "config":

@@ -19,8 +19,9 @@ ALLOWED = {
     "classical": {"protocol", "replica", "models", "telemetry"},  # the replica of the classical (tabular) kind
     "policy": {"protocol", "replica", "models", "telemetry"},  # the robot-policy kind: model, simulator, replica
     "control": {"protocol", "gateway", "replica", "embeddings", "classical", "policy", "router", "models",
-                "engine", "telemetry"},
-    "bench": {"models"},  # prompts of a given length in the model's tokens
+                "engine", "telemetry", "eval"},
+    "bench": {"models", "eval"},  # prompts of a given length in the model's tokens; the quality set's items
+    "eval": set(),  # the quality set and its scoring: it calls the service over HTTP like a user
     "settings": set(),
 }
 EVERYONE = ("settings",)  # inferd/settings.py: config fields to flags; it imports nothing of inferd

@@ -56,6 +56,10 @@ def _workload_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--question-tokens", type=int, default=16)
     g.add_argument("--trace", type=Path, default=None, help="JSONL: arrival_offset_s, input_tokens|text, "
                    "output_tokens")
+    g.add_argument("--quality-set", type=Path, default=None, help="an eval set folder (e.g. evals/docqa-v1): its "
+                   "items are the requests (greedy, each once unless --num-requests); a result is accepted only "
+                   "when it met the SLO and passed the item's check")
+    g.add_argument("--quality-split", choices=["tuning", "acceptance"], default="acceptance")
     g.add_argument("--cancel-fraction", type=float, default=0.0, help="share of requests that close their "
                    "stream after half their output")
 

@@ -35,6 +35,9 @@ class Endpoint:
     def body(self, request: BenchRequest) -> dict:
         base = {"model": self.model, "max_tokens": request.max_tokens, "stream": True, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
+        if request.messages is not None:  # a quality item: greedy, its own stop, checked afterwards
+            return {k: v for k, v in base.items() if k != "ignore_eos"} | {"messages": request.messages,
+                                                                          "temperature": 0, "seed": 0}
         if self.api == "chat":
             return base | {"messages": [{"role": "user", "content": request.text}]} | self.extra_body
         return base | {"prompt": request.text} | self.extra_body
@@ -56,6 +59,8 @@ class RequestRecord:
     status: int | None = None
     error_type: str | None = None
     retry_after: str | None = None  # the Retry-After header of a rejection, as sent
+    reply: list[str] = field(default_factory=list)  # the streamed text, in pieces
+    passed_check: bool | None = None  # quality set: its reply passed the item's check (None: no check)
 
     @property
     def ttft_s(self) -> float | None:
@@ -143,6 +148,7 @@ def _on_event(event: dict, record: RequestRecord, at_s: float) -> bool:
     for choice in event.get("choices") or []:
         text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
         if text:
+            record.reply.append(text)
             record.chunk_s.append(at_s)
             if not record.usage_seen:
                 record.output_tokens = len(record.chunk_s)

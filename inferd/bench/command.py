@@ -14,7 +14,7 @@ from inferd.bench.stats import SLO, parse_slo
 from inferd.bench.sweep import SweepConfig, sweep
 from inferd.bench.target import ModelCard, model_card
 from inferd.bench.tokenizer import PromptCounter, load_tokenizer, word_pool
-from inferd.bench.workloads import BenchRequest, WorkloadConfig, build_requests
+from inferd.bench.workloads import BenchRequest, WorkloadConfig, build_requests, quality_requests
 
 DEFAULT_NUM_REQUESTS = 100
 UNBOUNDED = 10**9
@@ -27,8 +27,12 @@ class Workload:
     counter: PromptCounter
     pool: list[str]
     num_requests: int | None
+    quality_set: Path | None = None  # the items of this eval set are the requests
+    quality_split: str = "acceptance"
 
     def requests_for(self, run: RunConfig, step: int = 0) -> list[BenchRequest]:
+        if self.quality_set is not None:
+            return quality_requests(self.quality_set, self.quality_split, self.counter, self.num_requests)
         count = planned_count(run, self.num_requests, self.config)
         return build_requests(replace(self.config, seed=self.config.seed + step), self.counter, self.pool, count)
 
@@ -69,7 +73,10 @@ def workload(args: argparse.Namespace, card: ModelCard) -> Workload:
         raise WorkloadError(f"{config.input_tokens} input + {config.output_tokens} output tokens exceed the "
                             f"server's max_model_len of {card.max_model_len}")
     tokenizer = load_tokenizer(source)
-    return Workload(config, PromptCounter(tokenizer, args.api), word_pool(tokenizer), args.num_requests)
+    if args.quality_set is not None and (args.api != "chat" or args.bench_command != "run"):
+        raise BenchError("--quality-set sends chat messages: use it with bench run and --api chat")
+    return Workload(config, PromptCounter(tokenizer, args.api), word_pool(tokenizer), args.num_requests,
+                    args.quality_set, args.quality_split)
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -93,7 +100,9 @@ async def bench_command(args: argparse.Namespace) -> int:
 
 async def _run(client: httpx.AsyncClient, args: argparse.Namespace, card: ModelCard, load: Workload,
                base: RunConfig, slo: SLO) -> int:
-    result = await run_load(client, base, load.requests_for(base))
+    requests = load.requests_for(base)
+    result = await run_load(client, base, requests)
+    check_replies(result.records, requests)
     check_lag(result.client_lag, base.max_client_lag_ms)
     report = run_report(result, card.as_dict(), settings(args), slo, args.cost_per_hour)
     plot = None if args.no_html else PlotInput(result.records, (result.server or {}).get("gauges", []))
@@ -116,6 +125,15 @@ async def _sweep(client: httpx.AsyncClient, args: argparse.Namespace, card: Mode
     _written(write_report(report, samples, args.out, plot))
     print(result.verdict())
     return 0
+
+
+def check_replies(records: list, requests: list[BenchRequest]) -> None:
+    """A quality item's record: passed_check from its streamed reply (a request that did not complete fails)."""
+    by_index = {r.index: r for r in requests}
+    for record in records:
+        check = by_index[record.index].check
+        if check is not None:
+            record.passed_check = record.outcome == "completed" and check("".join(record.reply))
 
 
 def _written(paths: list[Path]) -> None:

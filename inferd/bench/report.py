@@ -91,8 +91,9 @@ def run_lines(section: dict) -> list[str]:
         f"{c['cancelled']} cancelled, {c['timed_out']} timed out; finish reasons {c['finish_reasons']}",
         f"- throughput over {_n(t['duration_s'])} s: {_n(t['request_throughput_per_s'], 3)} req/s, "
         f"{_n(t['output_tokens_per_s'])} output tokens/s, {_n(t['input_tokens_per_s'])} input tokens/s",
-        f"- goodput: {_n(g['goodput_per_s'], 3)} req/s ({g['met_slo']} requests met the SLO); "
-        f"cost per accepted result: {_n(g['cost_per_accepted_result'], 5)}",
+        f"- goodput: {_n(g['goodput_per_s'], 3)} accepted results/s ({g['met_slo']} requests met the SLO"
+        + (f", {g['passed_check']} of {g['checked']} passed the quality check" if "checked" in g else "")
+        + f", {g['accepted']} accepted); cost per accepted result: {_n(g['cost_per_accepted_result'], 5)}",
         f"- client lag: p99 {_n(lag['p99_ms'])} ms, max {_n(lag['max_ms'])} ms (bound {lag['bound_ms']:g} ms at p99)"]
     return lines + server_lines(server)
 

@@ -16,7 +16,8 @@ DEFINITIONS = {
     "e2e_ms": "end-to-end latency: request sent → end of stream ([DONE])",
     "percentiles": "numpy linear interpolation over completed requests only; count = samples used",
     "throughput": "per second of the measured wall time: first send → last request ended",
-    "goodput_per_s": "completed requests meeting every given SLO, per second",
+    "goodput_per_s": "completed requests meeting every given SLO (with --quality-set: and passing the item's "
+                     "check), per second",
     "cost_per_accepted_result": "cost of the measured wall time / requests meeting every SLO; "
                                 "failed, rejected and cancelled attempts count in the cost, not in the divisor",
     "excluded": "rejected (429/503), failed (by error type), cancelled and timed-out requests are counted "
@@ -116,10 +117,14 @@ def throughput(records: list[RequestRecord], duration_s: float) -> dict[str, flo
 
 
 def goodput(records: list[RequestRecord], duration_s: float, slo: SLO, cost_per_hour: float | None) -> dict:
-    good = sum(slo.met_by(r) for r in records)
+    """Accepted results: met every SLO and, where the request had a quality check, passed it."""
+    good = sum(slo.met_by(r) and r.passed_check is not False for r in records)
+    checked = [r for r in records if r.passed_check is not None]
     cost = None if cost_per_hour is None else cost_per_hour * duration_s / 3600
-    return {"met_slo": good, "goodput_per_s": good / duration_s if duration_s > 0 else 0.0,
-            "run_cost": cost, "cost_per_accepted_result": cost / good if cost is not None and good else None}
+    out = {"met_slo": sum(slo.met_by(r) for r in records), "accepted": good,
+           "goodput_per_s": good / duration_s if duration_s > 0 else 0.0,
+           "run_cost": cost, "cost_per_accepted_result": cost / good if cost is not None and good else None}
+    return out | ({"checked": len(checked), "passed_check": sum(r.passed_check for r in checked)} if checked else {})
 
 
 def summarize(records: list[RequestRecord], duration_s: float, slo: SLO, cost_per_hour: float | None) -> dict:

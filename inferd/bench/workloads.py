@@ -23,6 +23,8 @@ class BenchRequest:
     arrival_offset_s: float | None = None  # trace replay only
     cancel_after_chunks: int | None = None
     document: int | None = None  # shared-prefix only
+    messages: list[dict] | None = None  # quality set: the item's chat messages (sent greedy, stops at EOS)
+    check: Callable[[str], bool] | None = None  # quality set: whether a reply passes the item's check
 
 
 @dataclass(slots=True)
@@ -118,6 +120,25 @@ def replay(entries: list[TraceEntry], maker: TextMaker, count: int) -> list[Benc
     for i, e in enumerate(entries[:count]):
         text = e.text if e.text is not None else maker.exact(e.input_tokens or 0)
         requests.append(BenchRequest(i, text, maker.counter.count(text), e.output_tokens, e.arrival_offset_s))
+    return requests
+
+
+def quality_requests(set_path: Path, split: str, counter: PromptCounter, count: int | None) -> list[BenchRequest]:
+    """The set's items in file order (repeated up to count; None: each once), as its prompt template writes
+    them, with the template's max_tokens and each item's check of the reply (inferd.eval.scoring)."""
+    from inferd.eval.docset import SetError, load_set
+    from inferd.eval.scoring import score
+    try:
+        evalset = load_set(set_path)
+        items = evalset.split(split)
+    except SetError as exc:
+        raise WorkloadError(f"--quality-set: {exc}") from None
+    t, requests = evalset.template, []
+    for i in range(len(items) if count is None else count):
+        item, messages = items[i % len(items)], t.messages(items[i % len(items)])
+        text = "\n\n".join(m["content"] for m in messages)  # counted as one message: the server's usage corrects it
+        requests.append(BenchRequest(i, text, counter.count(text), t.max_tokens, messages=messages,
+                                     check=lambda reply, item=item: score(item, reply, t.cite).passed))
     return requests
 
 

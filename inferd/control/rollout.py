@@ -1,5 +1,7 @@
 """Canary rollouts: a second version of a name takes a share of its traffic, is compared with the stable version
-over a window (errors, TTFT and TPOT p95, cost per request, a probe set) and is promoted or rolled back.
+over a window (errors, TTFT and TPOT p95, cost per request, a probe set) and on the canary's quality set (spec
+`quality:`, scored by inferd.control.quality), and is promoted or rolled back. A canary the release gate
+refused never starts: its rollout is `refused`.
 
 It is a gateway service (Gateway.services) on the gateway's event loop, beside the data path: the gateway
 hands it every usage record (observe) and routes by the weight it sets on Deployments; a retired version's
@@ -20,12 +22,13 @@ import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from inferd.control.pool import ReplicaPool
-from inferd.control.spec import RolloutSpec
+from inferd.control.quality import GateResults, describe, quality_regressions, same_run, score
+from inferd.control.spec import QualitySpec, RolloutSpec
 from inferd.gateway.deployments import Deployment, Deployments
 
 log = logging.getLogger(__name__)
 
-STATES = ("pending", "running", "promoted", "rolled_back")
+STATES = ("pending", "running", "promoted", "rolled_back", "refused")
 JUDGED = ("completed", "failed", "expired")  # what the error rate counts; cancellations and rejections do not
 PROBE_TIMEOUT_S = 60.0
 
@@ -107,6 +110,7 @@ class VersionStats:
     tpot_p95_s: float | None = None
     cost_per_request_usd: float | None = None
     probe_score: float | None = None
+    quality: dict | None = None  # the eval report's summary on the canary's quality set
 
 
 def p95(values: list[float]) -> float | None:
@@ -117,14 +121,14 @@ def p95(values: list[float]) -> float | None:
     return values[max(math.ceil(0.95 * len(values)) - 1, 0)]
 
 
-def stats_of(samples: list[Sample], probe_score: float | None = None) -> VersionStats:
+def stats_of(samples: list[Sample], probe_score: float | None = None, quality: dict | None = None) -> VersionStats:
     judged = [s for s in samples if s.status in JUDGED]
     done = [s for s in judged if s.status == "completed"]
     errors = len(judged) - len(done)
     return VersionStats(len(judged), errors, errors / len(judged) if judged else 0.0,
                         p95([s.ttft_s for s in done if s.ttft_s is not None]),
                         p95([s.tpot_s for s in done if s.tpot_s is not None]),
-                        sum(s.cost_usd for s in done) / len(done) if done else None, probe_score)
+                        sum(s.cost_usd for s in done) / len(done) if done else None, probe_score, quality)
 
 
 @dataclass(slots=True)
@@ -133,8 +137,15 @@ class Verdict:
     reasons: list[str]
 
 
-def judge(policy: RolloutSpec, canary: VersionStats, stable: VersionStats) -> Verdict:
-    """Roll back if any rule fails, promote if all pass, wait until the window holds enough canary requests."""
+def judge(policy: RolloutSpec, canary: VersionStats, stable: VersionStats, quality: bool = False) -> Verdict:
+    """Roll back if any rule fails, promote if all pass, wait until the window holds enough canary requests.
+    With quality, a canary worse than the stable on the quality set beyond the interval is rolled back at once
+    (it needs no traffic); until both are scored nothing is promoted."""
+    if quality and (canary.quality is None or stable.quality is None):
+        return Verdict("wait", ["the quality set is still running"])
+    worse, fine = quality_regressions(canary.quality, stable.quality) if quality else ([], [])
+    if worse:
+        return Verdict("rollback", worse)
     if canary.requests < policy.min_requests:
         return Verdict("wait", [f"{canary.requests} of {policy.min_requests} canary requests in the window"])
     if policy.probes is not None and canary.probe_score is None:
@@ -155,7 +166,7 @@ def judge(policy: RolloutSpec, canary: VersionStats, stable: VersionStats) -> Ve
         (failed if canary.probe_score < policy.min_probe_score else passed).append(
             f"probe score {canary.probe_score:.0%} (min {policy.min_probe_score:.0%}, stable "
             f"{'-' if stable.probe_score is None else format(stable.probe_score, '.0%')})")
-    return Verdict("rollback", failed) if failed else Verdict("promote", passed)
+    return Verdict("rollback", failed) if failed else Verdict("promote", passed + fine)
 
 
 # one canary
@@ -168,6 +179,7 @@ class Rollout:
     policy: RolloutSpec
     stable_pool: ReplicaPool | None = None  # drained once the canary is promoted
     canary_pool: ReplicaPool | None = None  # drained when it is rolled back
+    quality: QualitySpec | None = None  # the canary's quality set: canary and stable are compared on it
     state: str = "pending"
     weight: float = 0.0
     verdict: Verdict = field(default_factory=lambda: Verdict("wait", ["not started"]))
@@ -175,13 +187,15 @@ class Rollout:
     started_unix_s: float | None = None
     decided_unix_s: float | None = None
     probe_scores: dict[str, float] = field(default_factory=dict)  # version -> share of probes passed
+    quality_reports: dict[str, dict] = field(default_factory=dict)  # version -> its eval report
     windows: dict[str, deque[Sample]] = field(default_factory=dict)  # version -> samples, oldest first
 
     def stats(self, version: str, now_s: float) -> VersionStats:
         window = self.windows.setdefault(version, deque())
         while window and window[0].at_s < now_s - self.policy.window_s:
             window.popleft()
-        return stats_of(list(window), self.probe_scores.get(version))
+        report = self.quality_reports.get(version)
+        return stats_of(list(window), self.probe_scores.get(version), report["summary"] if report else None)
 
     def status(self, now_s: float) -> dict:
         versions = {d.version: asdict(self.stats(d.version, now_s)) | {"role": role, "replicas_alive": _alive(pool)}
@@ -249,6 +263,8 @@ class RolloutController:
             rollout.verdict = Verdict("wait", ["started"])
             if rollout.policy.probes is not None:
                 self._spawn(self._probe(rollout))
+            if rollout.quality is not None:
+                self._spawn(self._score_quality(rollout))
         rollout.weight = rollout.policy.weight if weight is None else weight
         self.deployments.weights[name] = rollout.weight
         log.info("rollout of %s %s started at weight %.2f", name, rollout.canary.version, rollout.weight)
@@ -274,7 +290,7 @@ class RolloutController:
             return rollout.verdict
         now = time.monotonic()
         verdict = judge(rollout.policy, rollout.stats(rollout.canary.version, now),
-                        rollout.stats(rollout.stable.version, now))
+                        rollout.stats(rollout.stable.version, now), rollout.quality is not None)
         rollout.verdict = verdict
         if rollout.policy.auto and verdict.action == "promote":
             self.promote(rollout.name, "auto", verdict.reasons)
@@ -316,6 +332,13 @@ class RolloutController:
             rollout.probe_scores[d.version] = await run_probes(self.client, d, probes)
             log.info("probe score of %s %s: %.0f%%", d.name, d.version, 100 * rollout.probe_scores[d.version])
 
+    async def _score_quality(self, rollout: Rollout) -> None:
+        """The versions the release gate did not score on this set, scored now (canary first)."""
+        for d in (rollout.canary, rollout.stable):
+            if d.version not in rollout.quality_reports:
+                rollout.quality_reports[d.version] = await score(d, rollout.quality, self.client)
+                log.info("quality of %s %s: %s", d.name, d.version, describe(rollout.quality_reports[d.version]))
+
     async def _retire(self, deployment: Deployment, pool: ReplicaPool | None) -> None:
         """Out of routing already: requests it queued before the switch start first, then its pool drains
         (running requests get the pool's drain timeout) and stops every replica."""
@@ -327,7 +350,7 @@ class RolloutController:
             log.info("stopped the replicas of %s %s", deployment.name, deployment.version)
 
     def _decide(self, rollout: Rollout, state: str, by: str, reasons: list[str]) -> None:
-        if rollout.state in ("promoted", "rolled_back"):
+        if rollout.state in ("promoted", "rolled_back", "refused"):
             raise RolloutError(f"the rollout of {rollout.name} is already {rollout.state}")
         rollout.state, rollout.decided_by, rollout.decided_unix_s = state, by, time.time()
         rollout.weight = 1.0 if state == "promoted" else 0.0
@@ -347,14 +370,26 @@ class RolloutController:
         return rollout
 
 
-def controller_for(plans: list, deployments: Deployments) -> RolloutController | None:
+def controller_for(plans: list, deployments: Deployments, gate: GateResults | None = None) -> RolloutController | None:
     """The controller over the canaries of `inferd serve --config` (None without canaries); run it with the
-    gateway as one of its services."""
+    gateway as one of its services. gate: the release gate's reports (reused when the canary's set is the
+    same) and the canaries it refused (their rollouts start `refused`)."""
+    gate = gate or GateResults()
     by_version = {(p.spec.name, p.spec.version): p for p in plans if p.spec is not None}
+    canaries = {name: (d, None) for name, d in deployments.canaries.items()} | gate.refused
     rollouts = []
-    for name, canary in deployments.canaries.items():
+    for name, (canary, refused) in canaries.items():
         stable = deployments.by_name[name]
         stable_plan, canary_plan = by_version[(name, stable.version)], by_version[(name, canary.version)]
-        rollouts.append(Rollout(name, stable, canary, canary_plan.spec.rollout or RolloutSpec(),
-                                stable_plan.pool, canary_plan.pool))
+        q = canary_plan.spec.quality
+        rollout = Rollout(name, stable, canary, canary_plan.spec.rollout or RolloutSpec(), stable_plan.pool,
+                          canary_plan.pool, q)
+        for spec in (stable_plan.spec, canary_plan.spec):
+            if q is not None and spec.quality is not None and same_run(q, spec.quality) and \
+                    (name, spec.version) in gate.reports:
+                rollout.quality_reports[spec.version] = gate.reports[(name, spec.version)]
+        if refused is not None:
+            rollout.state, rollout.decided_by, rollout.decided_unix_s = "refused", "release gate", time.time()
+            rollout.verdict = Verdict("rollback", refused)
+        rollouts.append(rollout)
     return RolloutController(deployments, rollouts) if rollouts else None

@@ -85,6 +85,30 @@ class RolloutSpec:
 
 
 @dataclass(slots=True)
+class QualityFloor:
+    """The least accuracy (0..1) a version must reach on its quality set, per metric; None: not gated."""
+    answer: float | None = None
+    decline: float | None = None
+    conflict: float | None = None
+    citation: float | None = None
+    overall: float | None = None
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass(slots=True)
+class QualitySpec:
+    """A text version's quality set: run against it before it takes traffic (the release gate: below the floor
+    it does not start) and, on a canary, against canary and stable to compare them (inferd.control.quality)."""
+    set: str = "default"  # an eval set folder; default: evals/docqa-v1 of this source checkout
+    split: str = "acceptance"
+    floor: QualityFloor = field(default_factory=QualityFloor)
+    limit: int | None = None  # only the first N items of each behaviour (quick checks; wider intervals)
+    concurrency: int = 4  # requests in flight while the set runs
+
+
+@dataclass(slots=True)
 class DeploymentSpec:
     name: str
     kind: str = "text"  # one of kinds.KINDS: text (chat, completions) | embedding | classical (tabular) | policy
@@ -96,6 +120,7 @@ class DeploymentSpec:
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     autoscaling: AutoscalingSpec | None = None
     rollout: RolloutSpec | None = None  # on a canary: how it is judged
+    quality: QualitySpec | None = None  # the release gate's set and floor (text only)
     external: ExternalSpec | None = None
     fallbacks: list[str] = field(default_factory=list)  # deployments that take a request this one fails
     degradation: DegradationSpec | None = None
@@ -202,6 +227,8 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
                 raise SpecError(f"{where}.fallbacks[{j}]: '{name}' is a {kinds[name]} deployment, not {d.kind}")
         if d.degradation is not None:
             _check_degradation(d.degradation, stable - {d.name}, f"{where}.degradation")
+        if d.quality is not None:
+            _check_quality(d, f"{where}.quality")
         if (d.model is None) == (d.external is None):
             raise SpecError(f"{where}: give exactly one of model (local replicas) and external (a base URL)")
         if d.external is not None:
@@ -248,6 +275,23 @@ def _check_canary(spec: ServiceSpec, d: DeploymentSpec, where: str) -> None:
             raise SpecError(f"{where}.rollout.probes: {r.probes}: {exc}") from None
     if not 0 <= r.min_probe_score <= 1:
         raise SpecError(f"{where}.rollout.min_probe_score: must be between 0 and 1")
+
+
+def _check_quality(d: DeploymentSpec, where: str) -> None:
+    from inferd.control.quality import set_path
+    from inferd.eval.docset import SetError, load_set
+    q = d.quality
+    if d.kind != "text":
+        raise SpecError(f"{where}: a quality set is for text deployments only")
+    try:
+        load_set(set_path(q)).split(q.split)
+    except SetError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    for name, value in q.floor.as_dict().items():
+        if not 0 <= value <= 1:
+            raise SpecError(f"{where}.floor.{name}: a share between 0 and 1")
+    if (q.limit is not None and q.limit < 1) or q.concurrency < 1:
+        raise SpecError(f"{where}: limit and concurrency must be at least 1")
 
 
 def _check_replicas(d: DeploymentSpec, where: str) -> None:

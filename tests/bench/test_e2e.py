@@ -90,3 +90,16 @@ def test_wrong_key_and_too_long_input_are_clear_errors(server, tmp_path):
     assert done.returncode == 2 and "answered 401" in done.stderr
     done = bench(server, tmp_path / "x", "--input-tokens", str(SMOLLM2_MAX_MODEL_LEN - 6))
     assert done.returncode == 2 and f"exceed the server's max_model_len of {SMOLLM2_MAX_MODEL_LEN}" in done.stderr
+
+
+def test_a_quality_set_workload_counts_only_checked_results_as_accepted(server, tmp_path):
+    """hr-02 of docqa-v1's acceptance split: SmolLM2 answers its answer item and fails the decline and conflict
+    items (evals/results/), so 3 requests meet the SLO and 1 is an accepted result."""
+    done = bench(server, tmp_path / "q", "--quality-set", str(ROOT / "evals" / "docqa-v1"), "--num-requests", "3",
+                 "--arrival", "closed", "--concurrency", "1", "--warmup-requests", "0", "--max-client-lag-ms", "500",
+                 "--slo", "e2e_ms=120000", "--cost-per-hour", "2", "--no-html")
+    assert done.returncode == 0, done.stderr[-3000:]
+    g = json.loads((tmp_path / "q.json").read_text())["summary"]["goodput"]
+    assert (g["met_slo"], g["checked"], g["passed_check"], g["accepted"]) == (3, 3, 1, 1), g
+    assert g["cost_per_accepted_result"] == pytest.approx(g["run_cost"])
+    assert "1 of 3 passed the quality check, 1 accepted" in done.stdout

@@ -140,7 +140,7 @@ async def test_a_worse_canary_is_rolled_back_and_stable_keeps_everything():
         controller.start_rollout("smol")
     metrics = {m.name: m for m in controller.collect()}
     state = {s.labels["state"]: s.value for s in metrics["inferd_gateway_rollout_state"].samples}
-    assert state == {"pending": 0, "running": 0, "promoted": 0, "rolled_back": 1}
+    assert state == {"pending": 0, "running": 0, "promoted": 0, "rolled_back": 1, "refused": 0}
     requests = {(s.labels["version"], s.labels["status"]): s.value
                 for s in metrics["inferd_gateway_version_requests"].samples}
     assert requests[("v2", "completed")] == 5 and requests[("v1", "completed")] == 6
@@ -196,3 +196,22 @@ def test_the_spec_checks_a_canary_s_probe_set_and_price(tmp_path):
     config.write_text(SPEC.replace("rollout: {probes: PROBES}", "price: {input_usd_per_mtok: 2.0}"))
     with pytest.raises(SpecError, match=r"deployments\[1\].price: a canary is billed at its name's price"):
         load_spec(config)
+
+
+def quality(passed: int, n: int = 10) -> dict:
+    from inferd.eval.report import tally
+    return {"metrics": {"answer": tally([True] * passed + [False] * (n - passed))}}
+
+
+def test_judge_rolls_back_a_canary_worse_on_the_quality_set_beyond_the_interval():
+    stable = stats(*[record("v1")] * 8)
+    stable.quality = quality(8)
+    canary = stats()  # no traffic yet: quality alone decides a clear regression
+    assert judge(POLICY, canary, stable, quality=True).reasons == ["the quality set is still running"]
+    canary.quality = quality(0)
+    verdict = judge(POLICY, canary, stable, quality=True)
+    assert verdict.action == "rollback" and verdict.reasons[0].startswith("quality answer 0% vs 80%: -80% [")
+    canary = stats(*[record("v2")] * 4)
+    canary.quality = quality(6)  # worse, but within the interval: the other rules decide
+    verdict = judge(POLICY, canary, stable, quality=True)
+    assert verdict.action == "promote" and "quality answer 60% vs 80%" in verdict.reasons[-1]

@@ -153,3 +153,28 @@ def test_a_fallback_must_be_of_the_same_kind(tmp_path):
     text = EMBEDDING.replace("    replicas: 2\n", "    replicas: 2\n    fallbacks: [chat]\n")
     with pytest.raises(SpecError, match="is a text deployment, not embedding"):
         load_spec(write(tmp_path, text))
+
+
+QUALITY = """
+deployments:
+  - name: smol
+    model: {source: default}
+    runtime: {dtype: float32, num_threads: 1}
+    quality: {split: acceptance, floor: {answer: 0.3, decline: 0.5}, limit: 4}
+"""
+
+
+def test_a_quality_spec_loads_with_its_floor(tmp_path):
+    q = load_spec(write(tmp_path, QUALITY)).deployments[0].quality
+    assert (q.set, q.split, q.limit, q.floor.as_dict()) == ("default", "acceptance", 4, {"answer": 0.3, "decline": 0.5})
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("answer: 0.3", "answer: 1.3"), r"deployments\[0\].quality.floor.answer: a share between 0 and 1"),
+    (("answer: 0.3", "answers: 0.3"), r"deployments\[0\].quality.floor.answers: unknown field"),
+    (("split: acceptance", "split: test"), r"deployments\[0\].quality: unknown split 'test'"),
+    (("split: acceptance", "set: /no/such/set"), r"deployments\[0\].quality: /no/such/set: "),
+])
+def test_quality_errors_name_the_field(tmp_path, edit, message):
+    with pytest.raises(SpecError, match=message):
+        load_spec(write(tmp_path, QUALITY.replace(*edit)))
