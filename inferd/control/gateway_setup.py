@@ -46,10 +46,10 @@ def open_store(config: GatewayConfig, api_key: str | None) -> Store:
     if api_key:
         if store.find_key(lookup_id_of(api_key)) is None:
             _default_tenant(store)
-            store.create_key(DEFAULT_TENANT, "--api-key", new_key=imported_key(api_key))
+            store.create_key(DEFAULT_TENANT, "--api-key", new_key=imported_key(api_key), actor="inferd-serve")
     elif not store.tenants():
         _default_tenant(store)
-        _, new = store.create_key(DEFAULT_TENANT, "first key")
+        _, new = store.create_key(DEFAULT_TENANT, "first key", actor="inferd-serve")
         print(f"\nCreated tenant '{DEFAULT_TENANT}' and its first API key (shown once, store it now):\n\n"
               f"    {new.key}\n\nMore keys: inferd keys create --tenant {DEFAULT_TENANT}\n", flush=True)
     return store
@@ -57,7 +57,7 @@ def open_store(config: GatewayConfig, api_key: str | None) -> Store:
 
 def _default_tenant(store: Store) -> None:
     if not any(t.name == DEFAULT_TENANT for t in store.tenants()):
-        store.create_tenant(DEFAULT_TENANT)
+        store.create_tenant(DEFAULT_TENANT, actor="inferd-serve")
 
 
 def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name: str | None = None,
