@@ -31,7 +31,10 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=os.environ.get("INFERD_REDIS_URL"),
                    help="share rate limits and concurrency between gateways ($INFERD_REDIS_URL)")
     p.add_argument("--admin-key", default=os.environ.get("INFERD_ADMIN_KEY"),
-                   help="enables /admin/* for 'Authorization: Bearer KEY' ($INFERD_ADMIN_KEY)")
+                   help="enables /admin/* for 'Authorization: Bearer KEY' and signing in to /console "
+                        "($INFERD_ADMIN_KEY)")
+    p.add_argument("--console-viewer-key", default=os.environ.get("INFERD_CONSOLE_VIEWER_KEY"),
+                   help="signs in to /console read-only ($INFERD_CONSOLE_VIEWER_KEY)")
     p.add_argument("--gateway-config", default=None, help="YAML with prices per model and queue bounds")
     p.add_argument("--max-inflight", type=int, default=None, help="requests running at once per deployment "
                    "(default: replicas x --max-num-seqs, or 64)")
