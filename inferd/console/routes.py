@@ -34,7 +34,7 @@ STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css"}
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    "x-content-type-options": "nosniff", "x-frame-options": "DENY", "referrer-policy": "no-referrer",
+    "x-content-type-options": "nosniff", "x-frame-options": "DENY", "referrer-policy": "same-origin",
     "cache-control": "no-store"}
 EVENT_INTERVAL_S = 1.0
 MAX_USAGE_DAYS = 366
@@ -230,7 +230,8 @@ def _day(text: str) -> int:
 
 
 def _same_origin(request: Request) -> None:
-    """A POST must come from a page of this gateway: its Origin (browsers send one on POST) names our host."""
+    """A POST must come from a page of this gateway: its Origin (browsers send one on POST; "null" under a
+    no-referrer policy, so the console sends same-origin) names our host."""
     origin = request.headers.get("origin")
     if origin is None or origin.split("://", 1)[-1] != request.headers.get("host"):
         raise PermissionDenied("Cross-origin request refused.", code="cross_origin")
