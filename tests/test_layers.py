@@ -18,7 +18,8 @@ ALLOWED = {
     "embeddings": {"protocol", "replica", "models", "telemetry"},  # the replica of the embedding kind
     "classical": {"protocol", "replica", "models", "telemetry"},  # the replica of the classical (tabular) kind
     "policy": {"protocol", "replica", "models", "telemetry"},  # the robot-policy kind: model, simulator, replica
-    "control": {"protocol", "gateway", "replica", "embeddings", "classical", "policy", "router", "models",
+    "console": {"protocol", "gateway", "telemetry"},  # the operator console: pages over the gateway's state
+    "control": {"protocol", "console", "gateway", "replica", "embeddings", "classical", "policy", "router", "models",
                 "engine", "telemetry", "eval"},
     "bench": {"models", "eval"},  # prompts of a given length in the model's tokens; the quality set's items
     "eval": set(),  # the quality set and its scoring: it calls the service over HTTP like a user

@@ -1,6 +1,7 @@
 """`inferd gateway|keys|tenants|usage|rollout`: the gateway and its state, from the command line."""
 import argparse
 import csv
+import getpass
 import json
 import os
 import sys
@@ -30,7 +31,10 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=os.environ.get("INFERD_REDIS_URL"),
                    help="share rate limits and concurrency between gateways ($INFERD_REDIS_URL)")
     p.add_argument("--admin-key", default=os.environ.get("INFERD_ADMIN_KEY"),
-                   help="enables /admin/* for 'Authorization: Bearer KEY' ($INFERD_ADMIN_KEY)")
+                   help="enables /admin/* for 'Authorization: Bearer KEY' and signing in to /console "
+                        "($INFERD_ADMIN_KEY)")
+    p.add_argument("--console-viewer-key", default=os.environ.get("INFERD_CONSOLE_VIEWER_KEY"),
+                   help="signs in to /console read-only ($INFERD_CONSOLE_VIEWER_KEY)")
     p.add_argument("--gateway-config", default=None, help="YAML with prices per model and queue bounds")
     p.add_argument("--max-inflight", type=int, default=None, help="requests running at once per deployment "
                    "(default: replicas x --max-num-seqs, or 64)")
@@ -176,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
 def _keys(store: Store, args: argparse.Namespace) -> int:
     if args.action == "create":
         policy, new = store.create_key(args.tenant, args.name, _limits(args), _models(args.models),
-                                       args.priority_class)
+                                       args.priority_class, actor=_actor())
         row = {"id": policy.id, "key": new.key, "tenant": args.tenant, "name": args.name}
         if args.format == "json":
             print(json.dumps(row))
@@ -186,7 +190,7 @@ def _keys(store: Store, args: argparse.Namespace) -> int:
     if args.action == "list":
         _print([_key_row(k) for k in store.keys(args.tenant)], args.format)
         return 0
-    if not store.revoke_key(args.key_id):
+    if not store.revoke_key(args.key_id, actor=_actor()):
         print(f"inferd keys: error: no live key {args.key_id}", file=sys.stderr)
         return 1
     print(f"revoked {args.key_id}")
@@ -202,9 +206,9 @@ def _tenants(store: Store, args: argparse.Namespace) -> int:
     if args.model:
         limits = None
     if args.action == "create":
-        t = store.create_tenant(args.name, limits, model_limits, **settings)
+        t = store.create_tenant(args.name, limits, model_limits, actor=_actor(), **settings)
     else:
-        t = store.update_tenant(args.name, limits, model_limits, **settings)
+        t = store.update_tenant(args.name, limits, model_limits, actor=_actor(), **settings)
     _print([_tenant_row(t)], args.format)
     return 0
 
@@ -239,6 +243,11 @@ def _reconcile(store: Store, args: argparse.Namespace) -> int:
 
 
 # helpers
+
+def _actor() -> str:
+    """Who the audit log names for a change made from the command line."""
+    return f"cli:{getpass.getuser()}"
+
 
 def _limits(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in LIMIT_FLAGS if getattr(args, k) is not None}

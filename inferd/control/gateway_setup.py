@@ -6,6 +6,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from inferd.console.routes import Console
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.gateway.app import Gateway, build_gateway_app
 from inferd.gateway.config import GatewayConfig, load_settings_file
@@ -31,7 +32,8 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
     queue = QueueConfig(**({"max_inflight": queue.max_inflight, "max_queue_len": queue.max_queue_len,
                             "max_queued_tokens": queue.max_queued_tokens} | overrides))
     config = GatewayConfig(host=args.host, port=args.port, db_url=args.db, redis_url=args.redis_url,
-                           admin_key=args.admin_key, prices=settings.get("prices", {}), queue=queue,
+                           admin_key=args.admin_key, console_viewer_key=getattr(args, "console_viewer_key", None),
+                           prices=settings.get("prices", {}), queue=queue,
                            otlp_endpoint=args.otlp_endpoint, batch_price_multiplier=args.batch_price_multiplier,
                            router=RouterConfig(args.router, args.router_affinity_weight, args.router_load_weight))
     if args.usage_journal:
@@ -48,10 +50,10 @@ def open_store(config: GatewayConfig, api_key: str | None) -> Store:
     if api_key:
         if store.find_key(lookup_id_of(api_key)) is None:
             _default_tenant(store)
-            store.create_key(DEFAULT_TENANT, "--api-key", new_key=imported_key(api_key))
+            store.create_key(DEFAULT_TENANT, "--api-key", new_key=imported_key(api_key), actor="inferd-serve")
     elif not store.tenants():
         _default_tenant(store)
-        _, new = store.create_key(DEFAULT_TENANT, "first key")
+        _, new = store.create_key(DEFAULT_TENANT, "first key", actor="inferd-serve")
         print(f"\nCreated tenant '{DEFAULT_TENANT}' and its first API key (shown once, store it now):\n\n"
               f"    {new.key}\n\nMore keys: inferd keys create --tenant {DEFAULT_TENANT}\n", flush=True)
     return store
@@ -59,7 +61,7 @@ def open_store(config: GatewayConfig, api_key: str | None) -> Store:
 
 def _default_tenant(store: Store) -> None:
     if not any(t.name == DEFAULT_TENANT for t in store.tenants()):
-        store.create_tenant(DEFAULT_TENANT)
+        store.create_tenant(DEFAULT_TENANT, actor="inferd-serve")
 
 
 def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name: str | None = None,
@@ -104,10 +106,12 @@ def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, l
     tracer, provider = make_tracer("inferd-gateway", config.otlp_endpoint)
     gateway = Gateway(config, store, limiter, deployments, tracer, provider)
     gateway.services.extend(services)
+    console = Console(gateway, config.console_viewer_key)
+    gateway.services.append(console)
     names = ", ".join(deployments.by_name)
     log.info("inferd ready: model=%s url=http://%s:%d (gateway %s, store %s, limits %s)", names, config.host,
              config.port, config.gateway_id, store.engine.url.render_as_string(hide_password=True),
              "redis" if config.redis_url else "in-process")
-    uvicorn.run(build_gateway_app(gateway), host=config.host, port=config.port, log_level=log_level,
+    uvicorn.run(build_gateway_app(gateway, console.routes()), host=config.host, port=config.port, log_level=log_level,
                 ws_max_size=MAX_WS_FRAME_BYTES,
                 log_config=None, access_log=False, timeout_graceful_shutdown=5)

@@ -189,7 +189,8 @@ async def _probe(client: httpx.AsyncClient, upstream: Upstream, ours: bool) -> b
         return False
 
 
-def build_gateway_app(gateway: Gateway) -> Starlette:
+def build_gateway_app(gateway: Gateway, extra_routes: list[Route] = ()) -> Starlette:
+    """extra_routes: served beside the gateway's own (the console's, from the control plane)."""
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gateway.start()
@@ -200,7 +201,7 @@ def build_gateway_app(gateway: Gateway) -> Starlette:
             probe.cancel()
             await gateway.close()
 
-    return Starlette(routes=GatewayRoutes(gateway).routes(),
+    return Starlette(routes=GatewayRoutes(gateway).routes() + list(extra_routes),
                      middleware=[Middleware(RequestContextMiddleware, api_key=None)],
                      exception_handlers={HTTPException: http_exception_handler},
                      lifespan=lifespan)

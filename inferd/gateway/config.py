@@ -38,6 +38,7 @@ class GatewayConfig:
     db_url: str = ""
     redis_url: str | None = None
     admin_key: str | None = None  # guards /admin/*; never logged
+    console_viewer_key: str | None = None  # signs in to /console read-only; never logged
     gateway_id: str = field(default_factory=lambda: f"gw_{uuid.uuid4().hex[:12]}")
     prices: dict[str, ModelPrice] = field(default_factory=dict)
     queue: QueueConfig = field(default_factory=QueueConfig)

@@ -1,4 +1,5 @@
-"""Tenants, keys and usage records in SQL: an SQLite file by default, PostgreSQL when several gateways share."""
+"""Tenants, keys, usage records (with their daily rollups) and the audit log of changes in SQL: an SQLite file by
+default, PostgreSQL when several gateways share."""
 import time
 import uuid
 from pathlib import Path
@@ -9,9 +10,10 @@ from alembic.config import Config
 from sqlalchemy import Engine, case, create_engine, event, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from inferd.gateway import rollups
 from inferd.gateway.keys import NewKey, generate_key
 from inferd.gateway.policy import KeyPolicy, Limits, PolicyError, TenantPolicy, check_priority_class
-from inferd.gateway.tables import api_keys, tenants, usage_records
+from inferd.gateway.tables import api_keys, audit_log, tenants, usage_records
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 TENANT_SETTINGS = ("weight", "priority_class", "default_deadline_ms", "queue_share", "allowed_models",
@@ -61,7 +63,7 @@ class Store:
     # tenants
 
     def create_tenant(self, name: str, limits: dict | None = None, model_limits: dict | None = None,
-                      **settings: Any) -> TenantPolicy:
+                      actor: str = "store", **settings: Any) -> TenantPolicy:
         now = time.time()
         row = {"id": f"ten_{uuid.uuid4().hex[:16]}", "name": name, "created_unix_s": now, "updated_unix_s": now,
                "weight": 1.0, "priority_class": "interactive", "queue_share": 0.5, "budget_period": "month",
@@ -72,12 +74,13 @@ class Store:
         try:
             with self.engine.begin() as conn:
                 conn.execute(insert(tenants).values(**row))
+                _audit(conn, actor, "tenant.create", name, {"limits": limits, "model_limits": model_limits} | settings)
         except IntegrityError:
             raise StoreError(f"a tenant named '{name}' already exists") from None
         return policy
 
     def update_tenant(self, name: str, limits: dict | None = None, model_limits: dict | None = None,
-                      **settings: Any) -> TenantPolicy:
+                      actor: str = "store", **settings: Any) -> TenantPolicy:
         with self.engine.begin() as conn:
             row = self._tenant_row(conn, name)
             row["limits"] = Limits.from_dict(row["limits"]).merged(limits or {}).to_dict()
@@ -85,6 +88,7 @@ class Store:
             row |= _tenant_settings(settings) | {"updated_unix_s": time.time()}
             policy = tenant_policy(row)
             conn.execute(update(tenants).where(tenants.c.id == row["id"]).values(**row))
+            _audit(conn, actor, "tenant.update", name, {"limits": limits, "model_limits": model_limits} | settings)
         return policy
 
     def tenant(self, name: str) -> TenantPolicy:
@@ -105,7 +109,7 @@ class Store:
 
     def create_key(self, tenant_name: str, name: str = "", limits: dict | None = None,
                    allowed_models: list[str] | None = None, priority_class: str | None = None,
-                   new_key: NewKey | None = None) -> tuple[KeyPolicy, NewKey]:
+                   new_key: NewKey | None = None, actor: str = "store") -> tuple[KeyPolicy, NewKey]:
         new = new_key or generate_key()
         if priority_class is not None:
             check_priority_class(priority_class, "priority_class")
@@ -115,6 +119,9 @@ class Store:
         with self.engine.begin() as conn:
             tenant = self._tenant_row(conn, tenant_name)
             conn.execute(insert(api_keys).values(**row, tenant_id=tenant["id"]))
+            _audit(conn, actor, "key.create", row["id"], {"tenant": tenant_name, "name": name, "limits": limits,
+                                                          "allowed_models": allowed_models,
+                                                          "priority_class": priority_class})
         return key_policy(row, tenant_policy(tenant)), new
 
     def keys(self, tenant_name: str | None = None) -> list[dict]:
@@ -128,13 +135,15 @@ class Store:
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
-    def revoke_key(self, key_id: str) -> bool:
+    def revoke_key(self, key_id: str, actor: str = "store") -> bool:
         """Revoke by id (key_...) or lookup id; True if a live key was revoked."""
         lookup = key_id.removeprefix("key_")
         with self.engine.begin() as conn:
             done = conn.execute(update(api_keys).where(api_keys.c.lookup_id == lookup,
                                                        api_keys.c.revoked_unix_s.is_(None))
                                 .values(revoked_unix_s=time.time()))
+            if done.rowcount > 0:
+                _audit(conn, actor, "key.revoke", f"key_{lookup}", None)
         return done.rowcount > 0
 
     def find_key(self, lookup_id: str) -> tuple[KeyPolicy, str] | None:
@@ -152,17 +161,20 @@ class Store:
     # usage
 
     def insert_usage(self, records: list[dict]) -> None:
-        """Insert records; ones already stored (same record_id, e.g. a replayed spill) are skipped."""
+        """Insert records and add them to their daily rollups in the same transaction; ones already stored (same
+        record_id, e.g. a replayed spill) are skipped, and counted once."""
         if not records:
             return
         try:
             with self.engine.begin() as conn:
                 conn.execute(insert(usage_records), records)
+                rollups.add(conn, records)
         except IntegrityError:
             for record in records:
                 try:
                     with self.engine.begin() as conn:
                         conn.execute(insert(usage_records).values(**record))
+                        rollups.add(conn, [record])
                 except IntegrityError:
                     pass
 
@@ -195,7 +207,33 @@ class Store:
             return [_numbers(dict(r)) for r in conn.execute(query).mappings()]
 
 
-STATUSES = ("completed", "failed", "cancelled", "rejected", "expired")
+    def usage_daily(self, since_unix_s: float, until_unix_s: float, tenant_name: str | None = None) -> list[dict]:
+        """The daily rollups of the UTC days that overlap [since, until), newest first."""
+        with self.engine.connect() as conn:
+            return rollups.report(conn, rollups.day_of(since_unix_s), rollups.day_of(until_unix_s - 1e-6) + 1,
+                                  tenant_name)
+
+    def spent_by_tenant(self, since_unix_s: float) -> dict[str, float]:
+        """Cost per tenant id since the start of the UTC day holding since_unix_s (budget periods start on one)."""
+        with self.engine.connect() as conn:
+            return rollups.spent_since(conn, rollups.day_of(since_unix_s))
+
+    # audit
+
+    def audit(self, limit: int = 100) -> list[dict]:
+        """The newest changes to tenants and keys first."""
+        query = select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+
+STATUSES = rollups.STATUSES
+
+
+def _audit(conn: Any, actor: str, action: str, target: str, detail: dict | None) -> None:
+    detail = {k: v for k, v in (detail or {}).items() if v is not None} or None
+    conn.execute(insert(audit_log).values(at_unix_s=time.time(), actor=actor, action=action, target=target,
+                                          detail=detail))
 
 
 # rows to policies

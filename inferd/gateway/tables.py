@@ -113,3 +113,34 @@ batch_lines = Table(  # one per input line; its result written once (state pendi
     Column("ended_at", Integer),
     Index("ix_batch_lines_state", "batch_id", "state"),
 )
+
+# Daily rollups of usage_records, updated in the same transaction as each insert (gateway/rollups.py), so a
+# usage report reads a row per (day, tenant, model, priority class) instead of scanning the records.
+usage_daily = Table(
+    "usage_daily", metadata,
+    Column("day", Integer, primary_key=True),  # UTC days since 1970-01-01 of the record's ended_unix_s
+    Column("tenant_id", String(40), primary_key=True),  # "" for records without a tenant
+    Column("model", String(256), primary_key=True),
+    Column("priority_class", String(32), primary_key=True),  # "" when the record has none
+    Column("requests", BigInteger, nullable=False),
+    Column("completed", BigInteger, nullable=False),
+    Column("failed", BigInteger, nullable=False),
+    Column("cancelled", BigInteger, nullable=False),
+    Column("rejected", BigInteger, nullable=False),
+    Column("expired", BigInteger, nullable=False),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("cached_tokens", BigInteger, nullable=False),
+    Column("completion_tokens", BigInteger, nullable=False),
+    Column("cost_usd", Float, nullable=False),
+)
+
+# Who changed what, when: every change to tenants and keys (CLI, admin API, console).
+audit_log = Table(
+    "audit_log", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("at_unix_s", Float, nullable=False, index=True),
+    Column("actor", String(128), nullable=False),  # cli:USER, admin-api@ADDRESS, console:ROLE@ADDRESS
+    Column("action", String(32), nullable=False),  # tenant.create, tenant.update, key.create, key.revoke
+    Column("target", String(128), nullable=False),  # the tenant's name or the key's id
+    Column("detail", JSON),  # the settings changed (never a key itself)
+)

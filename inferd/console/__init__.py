@@ -1,0 +1,1 @@
+"""The operator console: web pages the gateway serves at /console for signed-in operators."""

@@ -1,0 +1,283 @@
+"""The console's routes under /console on the gateway's port: pages, their JSON and live events, static files.
+
+Every response carries a Content-Security-Policy that allows scripts, styles and connections from the gateway
+only (no inline script, no CDN). Reads need a session; changes need an admin session, a POST, the session's
+CSRF token and a same-origin request. Key changes go through the admin API's own methods (gateway/admin.py),
+which audit them in the store with the session's actor.
+"""
+import asyncio
+import csv
+import html
+import io
+import json
+import time
+from datetime import date, datetime, timezone
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response, \
+    StreamingResponse
+from starlette.routing import Route
+
+from inferd.console import now
+from inferd.console.signin import ADMIN, COOKIE, IDLE_TTL_S, Session, Sessions, csrf_ok
+from inferd.console.window import SAMPLE_S, Window
+from inferd.gateway.admin import Admin, tenant_json
+from inferd.gateway.auth import client_address
+from inferd.gateway.charges import budget_period
+from inferd.gateway.rollups import DAY_S, SUMS
+from inferd.protocol.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
+
+STATIC = Path(__file__).parent / "static"
+STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css"}
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "x-content-type-options": "nosniff", "x-frame-options": "DENY", "referrer-policy": "same-origin",
+    "cache-control": "no-store"}
+EVENT_INTERVAL_S = 1.0
+MAX_USAGE_DAYS = 366
+
+
+class Console:
+    """A gateway service (Gateway.services): it samples the gauges into its Window while the app runs."""
+
+    def __init__(self, gateway, viewer_key: str | None = None):
+        self.gw = gateway
+        self.sessions = Sessions(gateway.config.admin_key, viewer_key)
+        self.window = Window(lambda name, version: any(d.version == version for d in
+                                                       gateway.deployments.versions(name)))
+        self.admin = Admin(gateway)
+        gateway.observers.append(self.window.observe)
+        self._sampler: asyncio.Task | None = None
+
+    async def start(self, gateway) -> None:
+        self._sampler = asyncio.create_task(self._sample())
+
+    async def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+
+    async def _sample(self) -> None:
+        while True:
+            for d in self.gw.deployments.every():
+                waiting = sum(s.length for s in d.queue.stats().values())
+                self.window.sample(d.name, d.version, waiting, d.queue.inflight, sum(u.healthy for u in d.upstreams))
+            await asyncio.sleep(SAMPLE_S)
+
+    def routes(self) -> list[Route]:
+        get = [("", self.page), ("/events", self.events), ("/api/now", self.now), ("/api/tenants", self.tenants),
+               ("/api/usage", self.usage), ("/usage.csv", self.usage_csv), ("/api/history", self.history),
+               ("/api/rollouts", self.rollouts), ("/static/{name}", self.static)]
+        post = [("/sign-in", self.sign_in), ("/sign-out", self.sign_out), ("/api/keys", self.create_key),
+                ("/api/keys/{key_id}/revoke", self.revoke_key)]
+        return ([Route(f"/console{p}", _secured(f), methods=["GET"]) for p, f in get]
+                + [Route(f"/console{p}", _secured(f), methods=["POST"]) for p, f in post])
+
+    # signing in and out
+
+    async def page(self, request: Request) -> Response:
+        session = self._session(request)
+        if session is None:
+            return HTMLResponse(signin_page(self.sessions.enabled, request.query_params.get("error")))
+        return HTMLResponse(console_page(session))
+
+    async def sign_in(self, request: Request) -> Response:
+        _same_origin(request)
+        address = client_address(request) or "unknown"
+        if self.sessions.failures.retry_after_s(address) > 0:
+            return RedirectResponse("/console?error=too_many_attempts", status_code=303)
+        session = self.sessions.sign_in((await _form(request)).get("key", ""), address)
+        if session is None:
+            return RedirectResponse("/console?error=wrong_key", status_code=303)
+        response = RedirectResponse("/console", status_code=303)
+        response.set_cookie(COOKIE, session.id, max_age=int(IDLE_TTL_S), path="/console", httponly=True,
+                            samesite="strict", secure=request.url.scheme == "https")
+        return response
+
+    async def sign_out(self, request: Request) -> Response:
+        session = await self._change(request)
+        self.sessions.sign_out(session.id)
+        response = RedirectResponse("/console", status_code=303)
+        response.delete_cookie(COOKIE, path="/console", httponly=True, samesite="strict")
+        return response
+
+    # reads
+
+    async def now(self, request: Request) -> Response:
+        self._reader(request)
+        return JSONResponse(now.snapshot(self.gw, self.window))
+
+    async def events(self, request: Request) -> Response:
+        """The Now snapshot as server-sent events, every EVENT_INTERVAL_S, while the session lasts."""
+        session_id = self._reader(request).id
+
+        async def stream():
+            while self.sessions.find(session_id) is not None and not await request.is_disconnected():
+                yield f"event: now\ndata: {json.dumps(now.snapshot(self.gw, self.window))}\n\n"
+                await asyncio.sleep(EVENT_INTERVAL_S)
+            yield "event: signed-out\ndata: {}\n\n"
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def tenants(self, request: Request) -> Response:
+        self._reader(request)
+        store, moment = self.gw.store, time.time()
+        tenants, keys, audit = await asyncio.gather(asyncio.to_thread(store.tenants), asyncio.to_thread(store.keys),
+                                                    asyncio.to_thread(store.audit, 50))
+        rows = []
+        for t in tenants:
+            start, end = budget_period(t.budget_period, moment)
+            spent = (await asyncio.to_thread(store.spent_by_tenant, start)).get(t.id, 0.0)
+            rows.append(tenant_json(t) | {"spent_usd": spent, "period_start_unix_s": start, "period_end_unix_s": end})
+        return JSONResponse({"tenants": rows, "keys": keys, "audit": audit})
+
+    async def usage(self, request: Request) -> Response:
+        self._reader(request)
+        started = time.perf_counter()
+        rows = await self._usage_rows(request)
+        return JSONResponse({"data": rows, "query_ms": (time.perf_counter() - started) * 1000})
+
+    async def usage_csv(self, request: Request) -> Response:
+        self._reader(request)
+        rows = await self._usage_rows(request)
+        out = io.StringIO()
+        writer = csv.DictWriter(out, ["date", "tenant", "model", "priority_class", *SUMS], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        return Response(out.getvalue(), media_type="text/csv",
+                        headers={"content-disposition": 'attachment; filename="inferd-usage.csv"'})
+
+    async def history(self, request: Request) -> Response:
+        self._reader(request)
+        fine = request.query_params.get("resolution") == "minute"
+        return JSONResponse({"deployments": [{"name": d.name, "version": d.version,
+                                              "points": self.window.history(d.name, d.version, fine)}
+                                             for d in self.gw.deployments.every()]})
+
+    async def rollouts(self, request: Request) -> Response:
+        self._reader(request)
+        rows = self.gw.rollouts.status() if self.gw.rollouts is not None else []
+        return JSONResponse({"rollouts": rows, "autoscaling": now.autoscaling(self.gw)})
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in STATIC_FILES:
+            return Response("not found", status_code=404)
+        return FileResponse(STATIC / name, media_type=STATIC_FILES[name], headers={"cache-control": "no-cache"})
+
+    # changes
+
+    async def create_key(self, request: Request) -> Response:
+        session = await self._change(request)
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        fields = {k: body[k] for k in ("tenant", "name") if body.get(k)}
+        return JSONResponse(await self.admin.create_key(fields, session.actor), status_code=201)
+
+    async def revoke_key(self, request: Request) -> Response:
+        session = await self._change(request)
+        return JSONResponse(await self.admin.revoke_key(request.path_params["key_id"], session.actor))
+
+    # helpers
+
+    def _session(self, request: Request) -> Session | None:
+        return self.sessions.find(request.cookies.get(COOKIE))
+
+    def _reader(self, request: Request) -> Session:
+        session = self._session(request)
+        if session is None:
+            raise AuthenticationFailed("Sign in to the console first.", code="console_signed_out")
+        return session
+
+    async def _change(self, request: Request) -> Session:
+        """The session that may make this change: signed in, an admin, same origin, the right CSRF token."""
+        _same_origin(request)
+        session = self._reader(request)
+        token = request.headers.get("x-csrf-token")
+        if token is None and request.headers.get("content-type", "").startswith("application/x-www-form"):
+            token = (await _form(request)).get("csrf_token")
+        if not csrf_ok(session, token):
+            raise PermissionDenied("Missing or wrong CSRF token.", code="csrf_token_invalid")
+        if session.role != ADMIN:
+            raise PermissionDenied("This session may only read (viewer).", code="console_read_only")
+        return session
+
+    async def _usage_rows(self, request: Request) -> list[dict]:
+        q = request.query_params
+        try:
+            until = _day(q["until"]) + 1 if q.get("until") else int(time.time() // DAY_S) + 1
+            since = _day(q["since"]) if q.get("since") else until - 30
+        except ValueError:
+            raise InvalidRequest("since and until are dates (YYYY-MM-DD)") from None
+        if not 0 < until - since <= MAX_USAGE_DAYS:
+            raise InvalidRequest(f"since..until must span 1 to {MAX_USAGE_DAYS} days")
+        rows = await asyncio.to_thread(self.gw.store.usage_daily, since * DAY_S, until * DAY_S, q.get("tenant") or None)
+        return [r | {"date": date.fromordinal(date(1970, 1, 1).toordinal() + r["day"]).isoformat()} for r in rows]
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An application/x-www-form-urlencoded body of at most 4 KiB (the console's two forms)."""
+    body = await request.body()
+    if len(body) > 4096:
+        raise InvalidRequest("form body too large")
+    return {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+
+
+def _day(text: str) -> int:
+    return (datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=timezone.utc).date() - date(1970, 1, 1)).days
+
+
+def _same_origin(request: Request) -> None:
+    """A POST must come from a page of this gateway: its Origin (browsers send one on POST; "null" under a
+    no-referrer policy, so the console sends same-origin) names our host."""
+    origin = request.headers.get("origin")
+    if origin is None or origin.split("://", 1)[-1] != request.headers.get("host"):
+        raise PermissionDenied("Cross-origin request refused.", code="cross_origin")
+
+
+def _secured(endpoint):
+    async def wrapped(request: Request) -> Response:
+        response = await endpoint(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+    return wrapped
+
+
+# pages (no inline script or style: console.js and console.css do the rest)
+
+def _shell(title: str, body: str, script: str | None, meta: str = "") -> str:
+    tag = f'<script src="/console/static/{script}"></script>' if script else ""
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title} · inferd console</title>'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">{meta}'
+            f'<link rel="stylesheet" href="/console/static/console.css"></head><body>{body}'
+            f'{tag}</body></html>')
+
+
+ERRORS = {"wrong_key": "That key is not the admin or viewer key.",
+          "too_many_attempts": "Too many failed sign-ins from this address; wait a few seconds."}
+
+
+def signin_page(enabled: bool, error: str | None) -> str:
+    message = ERRORS.get(error or "", "") if enabled else \
+        "The console is off: start the gateway with --admin-key (and --console-viewer-key for read-only)."
+    return _shell("Sign in", f'''<main class="signin"><h1>inferd console</h1>
+<form method="post" action="/console/sign-in" id="signin"><label for="key">Admin or viewer key</label>
+<input type="password" name="key" id="key" autocomplete="current-password" required autofocus>
+<button type="submit" id="signin-button">Sign in</button></form>
+<p class="error" id="signin-error">{html.escape(message)}</p></main>''', None)
+
+
+def console_page(session: Session) -> str:
+    meta = (f'<meta name="csrf-token" content="{html.escape(session.csrf_token)}">'
+            f'<meta name="console-role" content="{html.escape(session.role)}">')
+    tabs = "".join(f'<a href="#{t}" data-tab="{t}">{t.capitalize()}</a>' for t in
+                   ("now", "tenants", "usage", "history", "rollouts"))
+    return _shell("Console", f'''<header><strong>inferd console</strong><nav>{tabs}</nav>
+<span class="who">{html.escape(session.role)}</span>
+<form method="post" action="/console/sign-out"><input type="hidden" name="csrf_token"
+value="{html.escape(session.csrf_token)}"><button type="submit" id="sign-out">Sign out</button></form></header>
+<main><section id="now"></section><section id="tenants"></section><section id="usage"></section>
+<section id="history"></section><section id="rollouts"></section></main>''', "console.js", meta)

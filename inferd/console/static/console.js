@@ -1,0 +1,194 @@
+// The inferd console: tabs over /console/api/*, the Now tab live over server-sent events (/console/events).
+// Text goes into the page as text nodes only (never innerHTML), so nothing a tenant names runs as markup.
+"use strict";
+
+const CSRF = document.querySelector('meta[name="csrf-token"]').content;
+const ROLE = document.querySelector('meta[name="console-role"]').content;
+const TABS = ["now", "tenants", "usage", "history", "rollouts"];
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k.startsWith("on")) node.addEventListener(k.slice(2), v); else node.setAttribute(k, v);
+  }
+  for (const c of children.flat()) node.append(c instanceof Node ? c : document.createTextNode(c ?? ""));
+  return node;
+}
+
+function table(headers, rows, id) {
+  return el("table", id ? {id} : {}, el("thead", {}, el("tr", {}, headers.map(h => el("th", {}, h)))),
+            el("tbody", {}, rows.map(r => el("tr", {}, r.map(c => el("td", {}, c))))));
+}
+
+const ms = s => (s === null || s === undefined) ? "–" : `${(s * 1000).toFixed(s < 0.1 ? 1 : 0)} ms`;
+const num = (x, d = 0) => (x === null || x === undefined) ? "–" : Number(x).toFixed(d);
+const when = t => t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z" : "–";
+const usd = x => `$${Number(x || 0).toFixed(4)}`;
+
+async function api(path, options) {
+  const r = await fetch(path, Object.assign({credentials: "same-origin"}, options || {}));
+  if (r.status === 401) { location.assign("/console"); throw new Error("signed out"); }
+  const body = await r.json();
+  if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
+  return body;
+}
+
+function post(path, body) {
+  return api(path, {method: "POST", headers: {"content-type": "application/json", "x-csrf-token": CSRF},
+                    body: JSON.stringify(body || {})});
+}
+
+function replace(id, ...nodes) { document.getElementById(id).replaceChildren(...nodes); }
+
+// Now
+
+function renderNow(snap) {
+  const cards = snap.deployments.map(d => {
+    const states = {};
+    for (const r of d.replicas) states[r.state] = (states[r.state] || 0) + 1;
+    const queues = Object.entries(d.queues).map(([cls, q]) => `${cls}: ${q.length} (oldest ${ms(q.oldest_age_s)})`);
+    const failures = Object.entries(d.last_5m.failures).map(([k, n]) => `${k} ${n}`);
+    return el("div", {class: "card", "data-deployment": d.name, "data-version": d.version},
+      el("h2", {}, `${d.name} `, el("small", {}, `${d.version} · ${d.kind}${d.canary ? " · canary" : ""}`),
+         el("span", {class: d.servable ? "ok" : "bad"}, d.servable ? " servable" : " not servable")),
+      table(["replicas", "in flight", "requests/s", "queues", "failures (5 min)"],
+            [[Object.entries(states).map(([s, n]) => `${n} ${s}`).join(", ") || "none",
+              String(d.inflight), num(d.requests_per_s, 2), queues.join("; ") || "empty",
+              failures.join(", ") || "none"]]),
+      table(["window", "requests", "TTFT p50", "TTFT p95", "E2E p50", "E2E p95"],
+            ["last_5m", "last_60m"].map(w => [w.replace("last_", ""), String(d[w].requests), ms(d[w].ttft_p50_s),
+                                              ms(d[w].ttft_p95_s), ms(d[w].e2e_p50_s), ms(d[w].e2e_p95_s)])),
+      el("p", {class: "detail"},
+         d.replicas.map(r => `${r.name}: ${r.state} (${r.inflight} in flight)`).join(" · "),
+         d.cold_start_s ? ` · cold start ≈ ${num(d.cold_start_s, 1)} s` : "",
+         d.autoscaler ? ` · autoscaler: ${d.autoscaler.desired} (${d.autoscaler.reason})` : "",
+         d.degradation_level ? ` · degradation step ${d.degradation_level}` : "",
+         d.sessions_open !== null ? ` · robot sessions open: ${d.sessions_open}` : ""));
+  });
+  replace("now", el("p", {class: "meta", id: "now-updated"}, `gateway ${snap.gateway_id} · updated ${when(snap.at_unix_s)}`
+                    + ` · usage records pending ${snap.usage_records_pending}`), ...cards);
+}
+
+function watchNow() {
+  const events = new EventSource("/console/events");
+  events.addEventListener("now", e => renderNow(JSON.parse(e.data)));
+  events.addEventListener("signed-out", () => { events.close(); location.assign("/console"); });
+}
+
+// Tenants and keys
+
+async function loadTenants(shown) {
+  const data = await api("/console/api/tenants");
+  const tenants = table(["tenant", "limits", "budget", "spent this period", "period from", "models"],
+    data.tenants.map(t => [t.name, JSON.stringify(t.limits), t.budget_usd === null ? "none" : usd(t.budget_usd),
+                           usd(t.spent_usd), when(t.period_start_unix_s), t.allowed_models ? t.allowed_models.join(", ") : "all"]),
+    "tenant-table");
+  const keys = table(["key", "name", "tenant", "created", "revoked", ""], data.keys.map(k => [k.id, k.name, k.tenant,
+    when(k.created_unix_s), when(k.revoked_unix_s),
+    (ROLE === "admin" && !k.revoked_unix_s) ? el("button", {class: "revoke", "data-key": k.id,
+      onclick: () => revoke(k.id)}, "Revoke") : ""]), "key-table");
+  const form = ROLE !== "admin" ? el("p", {}, "Read-only session: keys cannot be changed here.") :
+    el("form", {id: "new-key", onsubmit: createKey},
+       el("select", {id: "new-key-tenant"}, data.tenants.map(t => el("option", {value: t.name}, t.name))),
+       el("input", {id: "new-key-name", placeholder: "key name"}), el("button", {type: "submit", id: "create-key"}, "Create key"));
+  const audit = table(["when", "who", "what", "target"], data.audit.map(a => [when(a.at_unix_s), a.actor, a.action, a.target]));
+  replace("tenants", el("h2", {}, "Tenants"), tenants, el("h2", {}, "Keys"), form, shown || "", keys,
+          el("h2", {}, "Audit log"), audit);
+}
+
+async function createKey(e) {
+  e.preventDefault();
+  const made = await post("/console/api/keys", {tenant: document.getElementById("new-key-tenant").value,
+                                                name: document.getElementById("new-key-name").value});
+  await loadTenants(el("p", {class: "new-key"}, "New key (shown once, store it now): ",
+                       el("code", {id: "new-key-value"}, made.key), ` (${made.id})`));
+}
+
+async function revoke(id) {
+  await post(`/console/api/keys/${encodeURIComponent(id)}/revoke`);
+  await loadTenants(el("p", {class: "notice", id: "revoked"}, `revoked ${id}`));
+}
+
+// Usage
+
+async function loadUsage(e) {
+  if (e) e.preventDefault();
+  const form = document.getElementById("usage-form") || el("form", {id: "usage-form", onsubmit: loadUsage},
+    el("label", {}, "since ", el("input", {type: "date", id: "usage-since"})),
+    el("label", {}, " until ", el("input", {type: "date", id: "usage-until"})),
+    el("label", {}, " tenant ", el("input", {id: "usage-tenant", placeholder: "all"})),
+    el("button", {type: "submit"}, "Show"), el("a", {id: "usage-csv", href: "/console/usage.csv"}, "CSV"));
+  const params = new URLSearchParams();
+  for (const k of ["since", "until", "tenant"]) {
+    const v = document.getElementById(`usage-${k}`) && document.getElementById(`usage-${k}`).value;
+    if (v) params.set(k, v);
+  }
+  const data = await api(`/console/api/usage?${params}`);
+  form.querySelector("#usage-csv").href = `/console/usage.csv?${params}`;
+  replace("usage", form, el("p", {class: "meta", id: "usage-took"}, `${data.data.length} rows in ${num(data.query_ms, 1)} ms`),
+    table(["day", "tenant", "model", "class", "requests", "rejected", "failed", "prompt", "cached", "completion", "cost"],
+          data.data.map(r => [r.date, r.tenant, r.model, r.priority_class || "–", String(r.requests), String(r.rejected),
+                              String(r.failed), String(r.prompt_tokens), String(r.cached_tokens),
+                              String(r.completion_tokens), usd(r.cost_usd)]), "usage-table"));
+}
+
+// History: one small chart per figure, drawn on a canvas
+
+function chart(title, points, key, scale) {
+  const canvas = el("canvas", {width: 320, height: 120, class: "chart"});
+  const ctx = canvas.getContext("2d");
+  const values = points.map(p => (p[key] ?? 0) * (scale || 1));
+  const top = Math.max(...values, 1e-9);
+  ctx.strokeStyle = "#2b6cb0"; ctx.beginPath();
+  values.forEach((v, i) => {
+    const x = 4 + (312 * i) / Math.max(values.length - 1, 1), y = 112 - 100 * v / top;
+    if (i) ctx.lineTo(x, y); else ctx.moveTo(x, y);
+  });
+  ctx.stroke(); ctx.fillStyle = "#555"; ctx.fillText(`max ${top.toPrecision(3)}`, 4, 10);
+  return el("figure", {}, canvas, el("figcaption", {}, title));
+}
+
+async function loadHistory() {
+  const res = document.getElementById("history-minute") && document.getElementById("history-minute").checked;
+  const data = await api(`/console/api/history${res ? "?resolution=minute" : ""}`);
+  const toggle = el("label", {}, el("input", {type: "checkbox", id: "history-minute", onchange: loadHistory}),
+                    " last hour by minute (else 24 h in 10-minute steps)");
+  toggle.firstChild.checked = !!res;
+  replace("history", toggle, ...data.deployments.map(d => el("div", {class: "card"},
+    el("h2", {}, `${d.name} `, el("small", {}, `${d.version} · ${d.points.length} points`)),
+    chart("requests/s", d.points, "requests_per_s"), chart("TTFT p95 (ms)", d.points, "ttft_p95_s", 1000),
+    chart("E2E p95 (ms)", d.points, "e2e_p95_s", 1000), chart("queue length (max)", d.points, "queue_length_max"),
+    chart("in flight (max)", d.points, "inflight_max"), chart("failures", d.points, "failures"))));
+}
+
+// Rollouts and autoscaling
+
+async function loadRollouts() {
+  const data = await api("/console/api/rollouts");
+  replace("rollouts", el("h2", {}, "Canary rollouts"), data.rollouts.length ? table(
+      ["deployment", "state", "stable", "canary", "weight", "decision", "reasons", "by"],
+      data.rollouts.map(r => [r.name, r.state, r.stable_version, r.canary_version, num(r.weight, 2),
+                              r.decision.action, r.decision.reasons.join("; "), r.decision.by || "–"]))
+      : el("p", {}, "No canaries (a deployment with role: canary in inferd serve --config)."),
+    el("h2", {}, "Autoscaling"), data.autoscaling.length ? table(["deployment", "target", "decision", "signals"],
+      data.autoscaling.map(a => [`${a.name} ${a.version}`, String(a.target),
+        a.decision ? `${a.decision.desired}: ${a.decision.reason}` : "–", JSON.stringify(a.signals)]))
+      : el("p", {}, "No deployment has an autoscaling spec."));
+}
+
+// tabs
+
+const LOADERS = {tenants: () => loadTenants(), usage: () => loadUsage(), history: loadHistory, rollouts: loadRollouts};
+
+function show() {
+  const tab = TABS.includes(location.hash.slice(1)) ? location.hash.slice(1) : "now";
+  for (const t of TABS) {
+    document.getElementById(t).hidden = t !== tab;
+    document.querySelector(`nav a[data-tab="${t}"]`).classList.toggle("active", t === tab);
+  }
+  if (LOADERS[tab]) LOADERS[tab]().catch(err => replace(tab, el("p", {class: "error"}, String(err.message))));
+}
+
+window.addEventListener("hashchange", show);
+show();
+watchNow();

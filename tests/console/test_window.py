@@ -1,0 +1,50 @@
+"""The console's time series: bounded rings, only known deployments kept, rates and interpolated quantiles."""
+from inferd.console.window import COARSE_COUNT, FINE_COUNT, Window, quantile
+from inferd.gateway.usage import UsageRecord
+
+
+class Clock:
+    t = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def record(model="m", ttft_s=0.04, status="completed", error_code=None) -> UsageRecord:
+    return UsageRecord("req", model, status, 200, 0.0, 0.1, "gw", deployment_version="v1", ttft_s=ttft_s,
+                       error_code=error_code)
+
+
+def test_recent_figures_and_failures_by_reason():
+    clock = Clock()
+    w = Window(lambda name, version: name == "m", clock)
+    for _ in range(90):
+        w.observe(record())
+    for _ in range(10):
+        w.observe(record(ttft_s=2.5, status="rejected", error_code="queue_full"))
+    w.observe(record(model="unknown"))
+    recent = w.recent("m", "v1")
+    assert recent["last_5m"]["requests"] == 100 and recent["last_5m"]["failures"] == {"queue_full": 10}
+    assert 0.03 < recent["last_5m"]["ttft_p50_s"] <= 0.05 and 2.0 < recent["last_5m"]["ttft_p95_s"] <= 3.0
+    assert list(w.series) == [("m", "v1")]  # a record for a model the gateway does not serve keeps no series
+    clock.t += 6 * 60
+    assert w.recent("m", "v1")["last_5m"]["requests"] == 0 and w.recent("m", "v1")["last_60m"]["requests"] == 100
+
+
+def test_memory_stays_bounded_over_days():
+    clock = Clock()
+    w = Window(lambda name, version: True, clock)
+    for _ in range(3 * 24 * 60):  # three days, a record and a sample every minute
+        w.observe(record())
+        w.sample("m", "v1", 3, 2, 1)
+        clock.t += 60
+    s = w.series[("m", "v1")]
+    assert len(s.fine.buckets) == FINE_COUNT and len(s.coarse.buckets) == COARSE_COUNT
+    points = w.history("m", "v1")
+    assert len(points) == COARSE_COUNT and points[-1]["queue_length_max"] == 3
+
+
+def test_quantile_interpolates_inside_a_bucket():
+    counts = [0] * 25
+    counts[9] = 10  # ten samples in (0.1, 0.15]
+    assert quantile(0.5, counts) == 0.125 and quantile(0.5, [0] * 25) is None
