@@ -32,6 +32,9 @@ class EngineConfig:
                                             "num_speculative_tokens", metavar="PATH|layers:N")
     scheduling_policy: str = setting("priority", "priority: the gateway's class (interactive before batch, "
                                      "batch preempted first); fcfs", SCHEDULING_POLICIES)
+    lower_class_seqs: int = setting(1, "priority policy: sequences of a lower class (batch) stepped while a higher "
+                                    "class has work; the others keep their KV blocks and wait, so interactive "
+                                    "steps stay short (0: none)")
     enable_prefix_caching: bool = setting(True, "reuse the KV of full prompt blocks seen before in the same "
                                           "cache namespace")
     public_prefixes: list[list[int]] = field(default_factory=list, metadata={"setting": False})  # token ids
@@ -42,6 +45,8 @@ class EngineConfig:
                      "num_threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SettingError(name, "must be at least 1")
+        if self.lower_class_seqs < 0:
+            raise SettingError("lower_class_seqs", "must be at least 0")
         if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:
             raise SettingError("kv_cache_gib", "must be above 0")
         if self.num_speculative_tokens < 0:

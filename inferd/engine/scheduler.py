@@ -69,6 +69,7 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.by_priority = config.scheduling_policy == "priority"
+        self.lower_class_seqs = config.lower_class_seqs
         self.blocks = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
@@ -101,7 +102,8 @@ class Scheduler:
 
     def _schedule_running(self, batch: Batch, budget: int) -> tuple[int, bool]:
         queue = deque(sorted(self.running, key=self._running_order))  # stable: oldest first within a key
-        kept, preempted = deque(), False
+        held = self._held_back(queue)
+        kept, preempted = deque(held), False
         while queue and budget > 0:
             seq = queue.popleft()
             n = min(seq.num_uncomputed_tokens, budget)
@@ -120,6 +122,25 @@ class Scheduler:
         self.running = deque(sorted(kept, key=lambda s: s.arrival_time))
         return budget, preempted
 
+    def _held_back(self, queue: deque[Sequence]) -> list[Sequence]:
+        """Priority policy: while the best class present has work, only lower_class_seqs sequences of lower
+        classes are stepped (the best-ranked first); the rest leave the queue for this step, keeping their blocks."""
+        best = self._best_class()
+        if best is None:
+            return []
+        lower = [s for s in queue if s.priority > best]
+        held = lower[self.lower_class_seqs:]
+        for seq in held:
+            queue.remove(seq)
+        return held
+
+    def _best_class(self) -> int | None:
+        """The best class with work while a worse one runs too (None: one class only, or FCFS)."""
+        if not self.by_priority or not self.running:
+            return None
+        classes = {s.priority for s in self.running} | ({self.waiting[0].priority} if self.waiting else set())
+        return min(classes) if len(classes) > 1 else None
+
     def _running_order(self, seq: Sequence) -> tuple[int, bool]:
         """Decodes before prompt chunks (higher classes first by priority); preemption takes from the end."""
         return (seq.priority if self.by_priority else 0), seq.num_uncomputed_tokens > 1
@@ -128,6 +149,10 @@ class Scheduler:
         """Starts waiting sequences at their longest cached prefix; the rest is computed in prompt chunks."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            best = self._best_class()
+            if best is not None and seq.priority > best and sum(
+                    s.priority > best for s in self.running) >= self.lower_class_seqs:
+                break  # it would only be held back
             prefix = self._reusable_prefix(seq)
             start = len(prefix) * self.blocks.block_size
             n = min(len(seq) - start, budget)

@@ -45,7 +45,8 @@ def test_an_interactive_request_preempts_batch_work_when_blocks_run_out():
     ps = prompts(3, seed=5)
     long = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
     alone = {rid: outputs(make_engine(), {rid: (ps[i], long, 0)})[0][rid] for i, rid in enumerate(["b1", "b2", "i"])}
-    engine = make_engine(num_kv_blocks=40, block_size=4)  # 160 slots: the two batch requests fill them
+    engine = make_engine(num_kv_blocks=40, block_size=4, lower_class_seqs=2)  # 160 slots: the two batch requests
+    # fill them (both keep stepping beside the interactive one: lower_class_seqs=2)
     engine.add_request("b1", ps[0], long, priority=BATCH)
     engine.add_request("b2", ps[1], long, priority=BATCH)
     for _ in range(30):
@@ -60,7 +61,7 @@ def test_an_interactive_request_takes_a_batch_sequences_slot_when_all_are_runnin
     ps = prompts(3, seed=7)
     long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     alone = {rid: outputs(make_engine(), {rid: (ps[i], long, 0)})[0][rid] for i, rid in enumerate(["b1", "b2", "i"])}
-    engine = make_engine(max_num_seqs=2)  # blocks to spare: only the slots are short
+    engine = make_engine(max_num_seqs=2, lower_class_seqs=2)  # blocks to spare: only the slots are short
     engine.add_request("b1", ps[0], long, priority=BATCH)
     engine.add_request("b2", ps[1], long, priority=BATCH)
     for _ in range(10):
@@ -75,3 +76,28 @@ def test_an_interactive_request_takes_a_batch_sequences_slot_when_all_are_runnin
         fcfs.step()
     _, first_at = outputs(fcfs, {"i": (ps[2], long, INTERACTIVE)})
     assert fcfs.scheduler.num_preemptions == 0 and first_at["i"] > 1  # FCFS: it waits for a slot
+
+
+def test_while_an_interactive_request_runs_only_lower_class_seqs_batch_sequences_step():
+    ps = prompts(4, seed=9)
+    long = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    alone = {rid: outputs(make_engine(), {rid: (ps[i], long, 0)})[0][rid]
+             for i, rid in enumerate(["b1", "b2", "b3", "i"])}
+    engine = make_engine(max_num_seqs=8, lower_class_seqs=1)
+    for i, rid in enumerate(["b1", "b2", "b3"]):
+        engine.add_request(rid, ps[i], long, priority=BATCH)
+    for _ in range(5):
+        engine.step()
+    engine.add_request("i", ps[3], long, priority=INTERACTIVE)
+    tokens, stepped_beside = defaultdict(list), []
+    while engine.has_work():
+        outs = engine.step()
+        for out in outs:
+            tokens[out.request_id] += out.token_ids
+        ids = {o.request_id for o in outs if o.token_ids}
+        if "i" in ids and not any(o.finished for o in outs if o.request_id == "i"):
+            stepped_beside.append(len(ids - {"i"}))
+    assert_no_leak(engine)
+    assert stepped_beside and max(stepped_beside) <= 1  # one batch sequence at a time beside the interactive one
+    assert engine.scheduler.num_preemptions == 0  # held back, not preempted: their blocks stayed
+    assert tokens["i"] == alone["i"] and all(tokens[r][-5:] == alone[r][-5:] for r in ("b1", "b2", "b3"))
