@@ -2,9 +2,14 @@
 their queues and replicas (gateway/deployments.py), the robot sessions (gateway/sessions.py), the control
 plane's pools (the gateway's services that have a `deployment` and `members`: replica states, cold start,
 the autoscaler's last decision) and the rollouts; recent rates and latencies from the console's Window."""
+import asyncio
 import time
 
+import httpx
+
 from inferd.console.window import Window
+
+READY_TIMEOUT_S = 2.0
 
 
 def snapshot(gw, window: Window) -> dict:
@@ -61,3 +66,18 @@ def autoscaling(gw) -> list[dict]:
                         else None, "signals": {k: getattr(signals, k) for k in signals.__slots__} if signals
                         else None, "restarts": s.restarts})
     return out
+
+
+async def kv_cache_usage(client: httpx.AsyncClient, d) -> float | None:
+    """The mean KV-cache use (0..1) the deployment's healthy replicas report on /ready (None: none reports it,
+    e.g. an external OpenAI-compatible replica)."""
+    async def one(u) -> float | None:
+        headers = {"authorization": f"Bearer {u.api_key}"} if u.api_key else {}
+        try:
+            value = (await client.get(f"{u.base_url}/ready", headers=headers, timeout=READY_TIMEOUT_S)).json()
+            return float(value["kv_cache_usage"]) if isinstance(value, dict) and value.get("kv_cache_usage") \
+                is not None else None
+        except (httpx.HTTPError, ValueError, TypeError, KeyError):
+            return None
+    values = [v for v in await asyncio.gather(*(one(u) for u in d.upstreams if u.healthy)) if v is not None]
+    return sum(values) / len(values) if values else None

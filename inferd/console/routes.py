@@ -2,8 +2,8 @@
 
 Every response carries a Content-Security-Policy that allows scripts, styles and connections from the gateway
 only (no inline script, no CDN). Reads need a session; changes need an admin session, a POST, the session's
-CSRF token and a same-origin request. Key changes go through the admin API's own methods (gateway/admin.py),
-which audit them in the store with the session's actor.
+CSRF token and a same-origin request. Key and rollout changes go through the admin API's own methods
+(gateway/admin.py), which audit them in the store with the session's actor.
 """
 import asyncio
 import csv
@@ -63,7 +63,9 @@ class Console:
         while True:
             for d in self.gw.deployments.every():
                 waiting = sum(s.length for s in d.queue.stats().values())
-                self.window.sample(d.name, d.version, waiting, d.queue.inflight, sum(u.healthy for u in d.upstreams))
+                kv = await now.kv_cache_usage(self.gw.client, d)
+                self.window.sample(d.name, d.version, waiting, d.queue.inflight, sum(u.healthy for u in d.upstreams),
+                                   kv)
             await asyncio.sleep(SAMPLE_S)
 
     def routes(self) -> list[Route]:
@@ -71,7 +73,7 @@ class Console:
                ("/api/usage", self.usage), ("/usage.csv", self.usage_csv), ("/api/history", self.history),
                ("/api/rollouts", self.rollouts), ("/static/{name}", self.static)]
         post = [("/sign-in", self.sign_in), ("/sign-out", self.sign_out), ("/api/keys", self.create_key),
-                ("/api/keys/{key_id}/revoke", self.revoke_key)]
+                ("/api/keys/{key_id}/revoke", self.revoke_key), ("/api/rollouts/{name}/{action}", self.rollout)]
         return ([Route(f"/console{p}", _secured(f), methods=["GET"]) for p, f in get]
                 + [Route(f"/console{p}", _secured(f), methods=["POST"]) for p, f in post])
 
@@ -179,6 +181,15 @@ class Console:
     async def revoke_key(self, request: Request) -> Response:
         session = await self._change(request)
         return JSONResponse(await self.admin.revoke_key(request.path_params["key_id"], session.actor))
+
+    async def rollout(self, request: Request) -> Response:
+        """start (optional {"weight": share}), promote or rollback: what `inferd rollout` does, as this session."""
+        session = await self._change(request)
+        body = await request.json() if await request.body() else {}
+        if not isinstance(body, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        return JSONResponse(await self.admin.rollout(request.path_params["name"], request.path_params["action"],
+                                                     body.get("weight"), session.actor))
 
     # helpers
 

@@ -1,11 +1,15 @@
 """The console's own small time series: what the gateway did per deployment version, in time buckets.
 
 It sees every usage record (a Gateway observer) and samples the gauges (queue length, in-flight, ready
-replicas) every SAMPLE_S. Two rings per deployment version, so memory is bounded whatever the traffic:
+replicas, the replicas' mean KV-cache use) every SAMPLE_S. Two rings per deployment version, so memory is
+bounded whatever the traffic:
     FINE: 1-minute buckets for the last hour (TTFT over 5 and 60 minutes, the request rate now)
     COARSE: 10-minute buckets for the last 24 hours (the History charts)
-A latency is counted in the gateway's histogram buckets (telemetry.LATENCY_BUCKETS_S); percentiles are
-interpolated inside a bucket, as Prometheus' histogram_quantile does. Prometheus stays the system of record.
+The prefix-cache hit rate is the records' cached prompt tokens over their prompt tokens. A latency (TTFT, E2E,
+and TPOT: (E2E - TTFT) / (completion tokens - 1) of a completed record, meaningful for streamed answers only,
+since a unary answer's TTFT is its whole answer) is counted in the gateway's histogram buckets
+(telemetry.LATENCY_BUCKETS_S); percentiles are interpolated inside a bucket, as Prometheus' histogram_quantile
+does. Prometheus stays the system of record.
 """
 import bisect
 import time
@@ -27,9 +31,13 @@ class Bucket:
     failures: Counter = field(default_factory=Counter)  # error code (or status) of records not completed
     ttft: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     e2e: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    tpot: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
     queue_length_max: int = 0
     inflight_max: int = 0
     ready_replicas: int = 0
+    kv_usage: float | None = None  # the last sample's mean over ready replicas that report it
 
     def add(self, record) -> None:
         self.requests += 1
@@ -38,11 +46,18 @@ class Bucket:
         if record.ttft_s is not None:
             self.ttft[bisect.bisect_left(LATENCY_BUCKETS_S, record.ttft_s)] += 1
         self.e2e[bisect.bisect_left(LATENCY_BUCKETS_S, record.e2e_s)] += 1
+        self.prompt_tokens += record.prompt_tokens
+        self.cached_tokens += record.cached_tokens
+        if record.status == "completed" and record.ttft_s is not None and record.completion_tokens > 1:
+            tpot = (record.e2e_s - record.ttft_s) / (record.completion_tokens - 1)
+            self.tpot[bisect.bisect_left(LATENCY_BUCKETS_S, tpot)] += 1
 
-    def sample(self, queue_length: int, inflight: int, ready: int) -> None:
+    def sample(self, queue_length: int, inflight: int, ready: int, kv_usage: float | None = None) -> None:
         self.queue_length_max = max(self.queue_length_max, queue_length)
         self.inflight_max = max(self.inflight_max, inflight)
         self.ready_replicas = ready
+        if kv_usage is not None:
+            self.kv_usage = kv_usage
 
 
 class Ring:
@@ -82,12 +97,13 @@ class Window:
             s.fine.current(now).add(record)
             s.coarse.current(now).add(record)
 
-    def sample(self, name: str, version: str, queue_length: int, inflight: int, ready: int) -> None:
+    def sample(self, name: str, version: str, queue_length: int, inflight: int, ready: int,
+               kv_usage: float | None = None) -> None:
         s = self._series(name, version)
         if s is not None:
             now = self.clock()
-            s.fine.current(now).sample(queue_length, inflight, ready)
-            s.coarse.current(now).sample(queue_length, inflight, ready)
+            s.fine.current(now).sample(queue_length, inflight, ready, kv_usage)
+            s.coarse.current(now).sample(queue_length, inflight, ready, kv_usage)
 
     def recent(self, name: str, version: str) -> dict:
         """The Now page's figures from the last 5 and 60 minutes."""
@@ -96,11 +112,14 @@ class Window:
         for minutes in (5, 60):
             buckets = s.fine.since(now - minutes * 60) if s else []
             requests = sum(b.requests for b in buckets)
+            prompt = sum(b.prompt_tokens for b in buckets)
             out[f"last_{minutes}m"] = {
                 "requests": requests, "failures": dict(sum((b.failures for b in buckets), Counter())),
+                "prefix_cache_hit_rate": sum(b.cached_tokens for b in buckets) / prompt if prompt else None,
                 **{f"{m}_p{round(q * 100)}_s": quantile(q, merged(buckets, m))
-                   for m in ("ttft", "e2e") for q in (0.5, 0.95)}}
+                   for m in ("ttft", "tpot", "e2e") for q in (0.5, 0.95)}}
         last = s.fine.since(now - FINE_S) if s else []  # this minute and the one before
+        out["kv_cache_usage"] = next((b.kv_usage for b in reversed(last) if b.kv_usage is not None), None)
         out["requests_per_s"] = sum(b.requests for b in last) / max(now - last[0].start_unix_s, 1.0) if last else 0.0
         return out
 
@@ -112,7 +131,9 @@ class Window:
         ring = s.fine if fine else s.coarse
         return [{"start_unix_s": b.start_unix_s, "requests_per_s": b.requests / ring.width_s,
                  "failures": sum(b.failures.values()), "ttft_p95_s": quantile(0.95, b.ttft),
-                 "e2e_p95_s": quantile(0.95, b.e2e), "queue_length_max": b.queue_length_max,
+                 "e2e_p95_s": quantile(0.95, b.e2e), "tpot_p95_s": quantile(0.95, b.tpot),
+                 "prefix_cache_hit_rate": b.cached_tokens / b.prompt_tokens if b.prompt_tokens else None,
+                 "kv_cache_usage": b.kv_usage, "queue_length_max": b.queue_length_max,
                  "inflight_max": b.inflight_max, "ready_replicas": b.ready_replicas} for b in ring.buckets]
 
     def _series(self, name: str, version: str) -> Series | None:

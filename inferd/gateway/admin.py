@@ -1,6 +1,6 @@
 """Admin API (/admin/*), guarded by the admin key: tenants, keys, usage and the reconciliation counters. Changes
 are audited in the store with who made them (admin-api@ADDRESS; the console passes its own actor to the same
-methods: create_key, revoke_key)."""
+methods: create_key, revoke_key, rollout)."""
 import asyncio
 import hmac
 import time
@@ -119,23 +119,30 @@ class Admin:
     async def rollout_action(self, request: Request) -> Response:
         """POST start (optional {"weight": share}), promote or rollback."""
         self._check(request)
-        name, action = request.path_params["name"], request.path_params["action"]
+        weight = None
+        if request.path_params["action"] == "start" and await request.body():
+            weight = (await self._body(request, {"weight"})).get("weight")
+        return JSONResponse(await self.rollout(request.path_params["name"], request.path_params["action"], weight,
+                                               _actor(request)))
+
+    async def rollout(self, name: str, action: str, weight: float | None, actor: str) -> dict:
+        """Start (at weight, else the spec's), promote or roll back a canary; audited as rollout.ACTION."""
         controller = self._rollouts()
         if action not in ("start", "promote", "rollback"):
             raise NotFound(f"no rollout action '{action}' (start, promote, rollback)")
-        args, operation = (name,), getattr(controller, "start_rollout" if action == "start" else action)
-        if action == "start" and await request.body():
-            weight = (await self._body(request, {"weight"})).get("weight")
-            if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int | float)
-                                       or not 0 < weight < 1):
-                raise InvalidRequest("weight must be a number between 0 and 1", param="weight")
-            args = (name, weight)
+        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int | float)
+                                   or not 0 < weight < 1):
+            raise InvalidRequest("weight must be a number between 0 and 1", param="weight")
         try:
-            return JSONResponse(operation(*args))
+            status = controller.start_rollout(name, weight) if action == "start" else \
+                getattr(controller, action)(name)
         except KeyError as exc:
             raise NotFound(exc.args[0]) from None
         except ValueError as exc:
             raise InvalidRequest(str(exc), code="invalid_rollout_state") from None
+        await self._run(self.gw.store.record_change, actor, f"rollout.{action}", name,
+                        {"canary_version": status["canary_version"], "weight": status["weight"]})
+        return status
 
     # helpers
 

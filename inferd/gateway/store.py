@@ -220,8 +220,13 @@ class Store:
 
     # audit
 
+    def record_change(self, actor: str, action: str, target: str, detail: dict | None = None) -> None:
+        """Audit a change whose state lives outside the store (a rollout start, promotion or rollback)."""
+        with self.engine.begin() as conn:
+            _audit(conn, actor, action, target, detail)
+
     def audit(self, limit: int = 100) -> list[dict]:
-        """The newest changes to tenants and keys first."""
+        """The newest changes first: tenants, keys and operator rollout actions."""
         query = select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]

@@ -1,10 +1,13 @@
 """The console in a real browser (Debian's chromium through chromedriver, driven by Selenium) against a real
-`inferd serve`: a wrong key and a missing CSRF token refused, sign in, the deployment ready on the live Now
-page, a key created and revoked (401 within a second), usage from the rollups, sign out.
+`inferd serve --config` (one server for the module): a wrong key and a missing CSRF token refused, sign in, the
+deployment ready on the live Now page, a key created and revoked (401 within a second), usage from the rollups,
+sign out; a deployment scaled from zero going from starting to ready, the request rate moving while a client
+loop runs, a canary started and promoted with the buttons of the Rollouts page (and audited).
 
 INFERD_CONSOLE_SCREENSHOTS=DIR saves a screenshot of each page there (docs/console/ holds the committed ones)."""
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -15,17 +18,43 @@ from tests.server import running_server
 
 ADMIN_KEY = "console-admin-key-for-tests"
 VIEWER_KEY = "console-viewer-key-for-tests"
+API_KEY = "sk-console-test-key"
 CHROMEDRIVER = shutil.which("chromedriver")
 
 pytestmark = pytest.mark.skipif(CHROMEDRIVER is None and os.environ.get("INFERD_REQUIRE_SERVICES") != "1",
                                 reason="chromium-driver not installed")
 
 
+RUNTIME = "{dtype: float32, max_num_seqs: 4, max_model_len: 512, kv_cache_gib: 0.05, num_threads: 1}"
+PRICE = "{input_usd_per_mtok: 1.0, cached_input_usd_per_mtok: 0.5, output_usd_per_mtok: 2.0}"
+# chat: a stable and a canary of the packaged model, decided by the operator; lazy: no replica until asked
+CONFIG = f"""
+deployments:
+  - name: chat
+    model: {{source: default}}
+    runtime: {RUNTIME}
+    price: {PRICE}
+  - name: chat
+    version: v2
+    role: canary
+    model: {{source: default}}
+    runtime: {RUNTIME}
+    price: {PRICE}
+    rollout: {{weight: 0.5, window_s: 600, min_requests: 2, auto: false}}
+  - name: lazy
+    model: {{source: default}}
+    runtime: {RUNTIME}
+    replicas: 0
+    autoscaling: {{min_replicas: 0, max_replicas: 1, scale_to_zero: true, upscale_delay_s: 0, interval_s: 0.5}}
+"""
+
+
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
-    log_path = tmp_path_factory.mktemp("console") / "serve.log"
-    with running_server(log_path, "--admin-key", ADMIN_KEY, "--console-viewer-key", VIEWER_KEY,
-                        "--max-model-len", "512") as base:
+    folder = tmp_path_factory.mktemp("console")
+    (folder / "deploy.yaml").write_text(CONFIG)
+    with running_server(folder / "serve.log", "--config", str(folder / "deploy.yaml"), "--api-key", API_KEY,
+                        "--admin-key", ADMIN_KEY, "--console-viewer-key", VIEWER_KEY) as base:
         yield base
 
 
@@ -89,7 +118,7 @@ def test_the_console_end_to_end(browser, url):
     sign_in(browser, url, ADMIN_KEY)
     cookie = browser.get_cookie("inferd_console")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-    wait_for(browser, "#now .card", "1 ready")  # pushed over SSE: no reload
+    wait_for(browser, '#now .card[data-deployment="chat"]', "1 ready")  # pushed over SSE: no reload
     assert post_without_csrf(browser, "/console/api/keys") == 403
 
     browser.get(f"{url}/console#tenants")
@@ -98,11 +127,11 @@ def test_the_console_end_to_end(browser, url):
     assert key.startswith("sk-")
     for _ in range(3):
         r = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=60,
-                       json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+                       json={"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
         assert r.status_code == 200, r.text
     browser.get(f"{url}/console#now")
-    wait_for(browser, "#now .card", "5m 3 ")  # the 3 requests counted in the last 5 minutes, pushed live
-    screenshot(browser, "now")
+    # the 3 requests counted in the last 5 minutes, pushed live
+    wait_for(browser, '#now .card[data-deployment="chat"][data-version="v1"]', "5m 3 ")
 
     browser.get(f"{url}/console#tenants")
     button = wait_for(browser, "#key-table button.revoke")
@@ -119,15 +148,14 @@ def test_the_console_end_to_end(browser, url):
 
     browser.get(f"{url}/console#usage")
     deadline = time.monotonic() + 15
-    while "SmolLM2" not in wait_for(browser, "#usage").text and time.monotonic() < deadline:
+    while "chat" not in wait_for(browser, "#usage").text and time.monotonic() < deadline:
         time.sleep(1)  # the usage writer stores records in batches, about a second apart
         browser.refresh()
-    assert "SmolLM2" in wait_for(browser, "#usage-table").text
+    assert "chat" in wait_for(browser, "#usage-table").text
     screenshot(browser, "usage")
-    for tab in ("history", "rollouts"):
-        browser.get(f"{url}/console#{tab}")
-        wait_for(browser, f"#{tab} h2")
-        screenshot(browser, tab)
+    browser.get(f"{url}/console#history")
+    wait_for(browser, "#history h2")
+    screenshot(browser, "history")
 
     browser.find_element("css selector", "#sign-out").click()
     wait_for(browser, "#signin")
@@ -139,6 +167,9 @@ def test_a_viewer_reads_but_changes_nothing(browser, url):
     browser.delete_all_cookies()
     sign_in(browser, url, VIEWER_KEY)
     wait_for(browser, "#now .card", "ready")
+    browser.get(f"{url}/console#rollouts")
+    assert "Canary rollouts" in wait_for(browser, "#rollouts h2").text
+    assert not browser.find_elements("css selector", "#rollouts button")  # no buttons for a viewer
     browser.get(f"{url}/console#tenants")
     assert "Read-only" in wait_for(browser, "#tenants", "Read-only").text
     csrf = browser.find_element("css selector", 'meta[name="csrf-token"]').get_attribute("content")
@@ -147,3 +178,78 @@ def test_a_viewer_reads_but_changes_nothing(browser, url):
         "fetch('/console/api/keys', {method: 'POST', headers: {'content-type': 'application/json', "
         "'x-csrf-token': arguments[0]}, body: JSON.stringify({tenant: 'default'})}).then(r => done(r.status));", csrf)
     assert status == 403
+
+
+def chat(url: str, model: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {API_KEY}"}, timeout=300,
+                      json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+
+
+def sign_in_as_admin(browser, url: str) -> None:
+    browser.delete_all_cookies()
+    sign_in(browser, url, ADMIN_KEY)
+    wait_for(browser, "#now .card", "ready")
+
+
+def test_a_deployment_scaled_from_zero_goes_from_starting_to_ready(browser, url):
+    sign_in_as_admin(browser, url)
+    card = '#now .card[data-deployment="lazy"]'
+    assert "none" in wait_for(browser, card, "none").text  # no replica until a request waits for one
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(chat(url, "lazy")))
+    asking.start()
+    wait_for(browser, card, "1 starting", timeout_s=60)  # the autoscaler started one: pushed live
+    wait_for(browser, card, "1 ready", timeout_s=240)
+    asking.join(timeout=60)
+    assert answers and answers[0].status_code == 200, answers and answers[0].text
+
+
+def test_the_request_rate_moves_while_a_client_loop_runs(browser, url):
+    sign_in_as_admin(browser, url)
+    cell = '#now .card[data-deployment="chat"][data-version="v1"] tbody td:nth-child(3)'
+    before = float(wait_for(browser, cell).text)
+    stop, sent = threading.Event(), []
+
+    def loop():
+        while not stop.is_set():
+            sent.append(chat(url, "chat").status_code)
+    client = threading.Thread(target=loop)
+    client.start()
+    try:
+        deadline = time.monotonic() + 60
+        while float(browser.find_element("css selector", cell).text) <= before + 0.05:
+            assert time.monotonic() < deadline, f"requests/s stayed at {before} while {len(sent)} requests ran"
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        client.join(timeout=60)
+    assert sent and set(sent) == {200}, sent
+    card = '#now .card[data-deployment="chat"][data-version="v1"]'
+    kv = browser.find_element("css selector", f"{card} tbody td:nth-child(6)").text
+    hits = browser.find_element("css selector", f"{card} table:nth-of-type(2) tbody tr td:nth-child(3)").text
+    assert kv.endswith("%") and hits.endswith("%"), (kv, hits)  # the replica's /ready and the records' tokens
+    screenshot(browser, "now")
+
+
+def test_a_canary_started_and_promoted_from_the_rollouts_page(browser, url):
+    sign_in_as_admin(browser, url)
+    browser.get(f"{url}/console#rollouts")
+    assert "pending" in wait_for(browser, "#rollout-state-chat", "pending").text
+    wait_for(browser, '#rollouts button.rollout-start[data-rollout="chat"]').click()
+    wait_for(browser, "#rollout-state-chat", "running")
+    for _ in range(6):  # weight 0.5: about half of them reach the canary
+        assert chat(url, "chat").status_code == 200
+    browser.refresh()
+    evidence = wait_for(browser, '#rollouts .card[data-rollout="chat"] table').text
+    assert "canary" in evidence and "TPOT p95" in evidence, evidence
+    screenshot(browser, "rollouts")
+    wait_for(browser, '#rollouts button.rollout-promote[data-rollout="chat"]').click()
+    browser.switch_to.alert.accept()  # "Promote the canary of chat?"
+    wait_for(browser, "#rollout-state-chat", "promoted")
+    assert "operator" in wait_for(browser, '#rollouts .card[data-rollout="chat"] .decision').text
+    assert not browser.find_elements("css selector", '#rollouts button[data-rollout="chat"]')  # decided: no buttons
+    status = httpx.get(f"{url}/admin/rollouts/chat", headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
+    assert status["state"] == "promoted" and status["weight"] == 1.0, status
+    browser.get(f"{url}/console#tenants")
+    audit = wait_for(browser, "#tenants", "rollout.promote").text
+    assert "rollout.start" in audit and "console:admin" in audit, audit

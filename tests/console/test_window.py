@@ -48,3 +48,21 @@ def test_quantile_interpolates_inside_a_bucket():
     counts = [0] * 25
     counts[9] = 10  # ten samples in (0.1, 0.15]
     assert quantile(0.5, counts) == 0.125 and quantile(0.5, [0] * 25) is None
+
+
+def test_tpot_prefix_cache_hits_and_kv_cache_use():
+    clock = Clock()
+    w = Window(lambda name, version: True, clock)
+    for _ in range(10):  # 0.1 s end to end, first token at 0.04 s, 7 tokens: 10 ms per output token after the first
+        w.observe(UsageRecord("req", "m", "completed", 200, 0.0, 0.1, "gw", deployment_version="v1", ttft_s=0.04,
+                              prompt_tokens=100, cached_tokens=25, completion_tokens=7))
+    w.observe(UsageRecord("req", "m", "failed", 500, 0.0, 5.0, "gw", deployment_version="v1", ttft_s=0.04,
+                          prompt_tokens=100, completion_tokens=2))  # failed: no TPOT
+    w.sample("m", "v1", 0, 0, 1, 0.25)
+    w.sample("m", "v1", 0, 0, 1, None)  # no replica reported it: the last value stays
+    recent = w.recent("m", "v1")
+    assert 0.005 < recent["last_5m"]["tpot_p50_s"] <= 0.01 and recent["last_5m"]["tpot_p95_s"] <= 0.01
+    assert recent["last_5m"]["prefix_cache_hit_rate"] == 250 / 1100 and recent["kv_cache_usage"] == 0.25
+    point = w.history("m", "v1")[-1]
+    assert point["kv_cache_usage"] == 0.25 and point["tpot_p95_s"] <= 0.01
+    assert Window(lambda n, v: True, clock).recent("m", "v1")["kv_cache_usage"] is None

@@ -23,6 +23,7 @@ function table(headers, rows, id) {
 const ms = s => (s === null || s === undefined) ? "–" : `${(s * 1000).toFixed(s < 0.1 ? 1 : 0)} ms`;
 const num = (x, d = 0) => (x === null || x === undefined) ? "–" : Number(x).toFixed(d);
 const when = t => t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z" : "–";
+const pct = x => (x === null || x === undefined) ? "–" : `${(100 * x).toFixed(1)} %`;
 const usd = x => `$${Number(x || 0).toFixed(4)}`;
 
 async function api(path, options) {
@@ -51,13 +52,16 @@ function renderNow(snap) {
     return el("div", {class: "card", "data-deployment": d.name, "data-version": d.version},
       el("h2", {}, `${d.name} `, el("small", {}, `${d.version} · ${d.kind}${d.canary ? " · canary" : ""}`),
          el("span", {class: d.servable ? "ok" : "bad"}, d.servable ? " servable" : " not servable")),
-      table(["replicas", "in flight", "requests/s", "queues", "failures (5 min)"],
+      table(["replicas", "in flight", "requests/s", "queues", "failures (5 min)", "KV cache"],
             [[Object.entries(states).map(([s, n]) => `${n} ${s}`).join(", ") || "none",
               String(d.inflight), num(d.requests_per_s, 2), queues.join("; ") || "empty",
-              failures.join(", ") || "none"]]),
-      table(["window", "requests", "TTFT p50", "TTFT p95", "E2E p50", "E2E p95"],
-            ["last_5m", "last_60m"].map(w => [w.replace("last_", ""), String(d[w].requests), ms(d[w].ttft_p50_s),
-                                              ms(d[w].ttft_p95_s), ms(d[w].e2e_p50_s), ms(d[w].e2e_p95_s)])),
+              failures.join(", ") || "none", pct(d.kv_cache_usage)]]),
+      table(["window", "requests", "prefix-cache hits", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "E2E p50",
+             "E2E p95"],
+            ["last_5m", "last_60m"].map(w => [w.replace("last_", ""), String(d[w].requests),
+                                              pct(d[w].prefix_cache_hit_rate), ms(d[w].ttft_p50_s), ms(d[w].ttft_p95_s),
+                                              ms(d[w].tpot_p50_s), ms(d[w].tpot_p95_s), ms(d[w].e2e_p50_s),
+                                              ms(d[w].e2e_p95_s)])),
       el("p", {class: "detail"},
          d.replicas.map(r => `${r.name}: ${r.state} (${r.inflight} in flight)`).join(" · "),
          d.cold_start_s ? ` · cold start ≈ ${num(d.cold_start_s, 1)} s` : "",
@@ -157,19 +161,51 @@ async function loadHistory() {
   replace("history", toggle, ...data.deployments.map(d => el("div", {class: "card"},
     el("h2", {}, `${d.name} `, el("small", {}, `${d.version} · ${d.points.length} points`)),
     chart("requests/s", d.points, "requests_per_s"), chart("TTFT p95 (ms)", d.points, "ttft_p95_s", 1000),
-    chart("E2E p95 (ms)", d.points, "e2e_p95_s", 1000), chart("queue length (max)", d.points, "queue_length_max"),
+    chart("TPOT p95 (ms)", d.points, "tpot_p95_s", 1000), chart("E2E p95 (ms)", d.points, "e2e_p95_s", 1000),
+    chart("KV cache (%)", d.points, "kv_cache_usage", 100), chart("queue length (max)", d.points, "queue_length_max"),
     chart("in flight (max)", d.points, "inflight_max"), chart("failures", d.points, "failures"))));
 }
 
 // Rollouts and autoscaling
 
+const ACTIONS = {pending: ["start", "promote", "rollback"], running: ["promote", "rollback"]};
+const LABELS = {start: "Start", promote: "Promote", rollback: "Roll back"};
+
+function evidence(r) {
+  // stable first, then the canary: the figures the decision is made on, over the rollout's window
+  const rows = Object.entries(r.versions).sort(([, a], [, b]) => a.role === "stable" ? -1 : b.role === "stable" ? 1 : 0);
+  return table(["version", "role", "replicas", "requests", "errors", "error rate", "TTFT p95", "TPOT p95",
+                "cost / request", "probe score", "quality"],
+    rows.map(([v, s]) => [v, s.role, String(s.replicas_alive), String(s.requests), String(s.errors), pct(s.error_rate),
+                          ms(s.ttft_p95_s), ms(s.tpot_p95_s),
+                          s.cost_per_request_usd === null ? "–" : `$${s.cost_per_request_usd.toPrecision(3)}`,
+                          pct(s.probe_score), s.quality ? JSON.stringify(s.quality) : "–"]));
+}
+
+function rolloutCard(r) {
+  const buttons = ROLE !== "admin" ? [] : (ACTIONS[r.state] || []).map(a => el("button",
+    {class: `rollout-${a}`, "data-rollout": r.name, onclick: () => act(r.name, a)}, LABELS[a]));
+  return el("div", {class: "card rollout", "data-rollout": r.name},
+    el("h2", {}, `${r.name} `, el("small", {}, `stable ${r.stable_version} · canary ${r.canary_version}`),
+       el("span", {class: `state ${r.state}`, id: `rollout-state-${r.name}`}, ` ${r.state}`)),
+    el("p", {class: "detail"}, `weight ${num(r.weight, 2)} · window ${num(r.window_s)} s, at least ${r.min_requests} canary`
+       + ` requests · ${r.auto ? "decides itself" : "the operator decides"} · started ${when(r.started_unix_s)}`),
+    evidence(r),
+    el("p", {class: "decision"}, `decision: ${r.decision.action}${r.decision.by ? ` (${r.decision.by}, ${when(r.decision.at_unix_s)})` : ""}: `,
+       r.decision.reasons.join("; ")),
+    buttons.length ? el("p", {class: "actions"}, buttons) : "");
+}
+
+async function act(name, action) {
+  if (action !== "start" && !confirm(`${LABELS[action]} the canary of ${name}?`)) return;
+  await post(`/console/api/rollouts/${encodeURIComponent(name)}/${action}`);
+  await loadRollouts();
+}
+
 async function loadRollouts() {
   const data = await api("/console/api/rollouts");
-  replace("rollouts", el("h2", {}, "Canary rollouts"), data.rollouts.length ? table(
-      ["deployment", "state", "stable", "canary", "weight", "decision", "reasons", "by"],
-      data.rollouts.map(r => [r.name, r.state, r.stable_version, r.canary_version, num(r.weight, 2),
-                              r.decision.action, r.decision.reasons.join("; "), r.decision.by || "–"]))
-      : el("p", {}, "No canaries (a deployment with role: canary in inferd serve --config)."),
+  replace("rollouts", el("h2", {}, "Canary rollouts"), ...(data.rollouts.length ? data.rollouts.map(rolloutCard)
+      : [el("p", {}, "No canaries (a deployment with role: canary in inferd serve --config).")]),
     el("h2", {}, "Autoscaling"), data.autoscaling.length ? table(["deployment", "target", "decision", "signals"],
       data.autoscaling.map(a => [`${a.name} ${a.version}`, String(a.target),
         a.decision ? `${a.decision.desired}: ${a.decision.reason}` : "–", JSON.stringify(a.signals)]))
