@@ -11,6 +11,7 @@ import httpx
 from hypothesis import strategies as st
 from starlette.routing import Route
 
+KEY_CHARS = st.characters(min_codepoint=0x21, max_codepoint=0x2ff, exclude_characters=[chr(c) for c in range(0x7f, 0xa0)])
 PARAM = re.compile(r"\{([a-z_]+)(:[a-z]+)?\}")
 TIMEOUT_S = 30.0  # a request not answered (or closed) within this is a hang
 
@@ -82,9 +83,9 @@ def bodies(models: list[str]) -> st.SearchStrategy[bytes | None]:
         st.binary(max_size=64),  # not JSON, often not UTF-8
         encoded(near_valid(models)).map(lambda b: b.replace(b'"hi"', b'"\xff\xfe"')),  # invalid UTF-8 in a string
         encoded(near_valid(models)).map(lambda b: b[:max(1, len(b) // 2)]),  # cut short
-        st.builds(deeply_nested, st.sampled_from([1_000, 100_000]), st.sampled_from(["list", "object"])),
+        st.builds(deeply_nested, st.sampled_from([500, 990, 100_000]), st.sampled_from(["list", "object"])),
         st.sampled_from([b"", b"null", b"[]", b"{}", b"1e999999", b'"x"', b"-0", b"NaN", b'{"a":1,"a":2}']),
-        st.sampled_from([2 << 20, 12 << 20]).map(lambda n: b'{"model": "' + b"x" * n + b'"}'),  # huge
+        st.sampled_from([2 << 20, 17 << 20]).map(lambda n: b'{"model": "' + b"x" * n + b'"}'),  # huge
     )
 
 
@@ -108,8 +109,8 @@ def requests(eps: list[Endpoint], models: list[str], good_key: str) -> st.Search
             url += "?" + "&".join(f"{quote(k)}={quote(v)}" for k, v in draw(
                 st.dictionaries(st.sampled_from(["limit", "after", "since", "days", "model", "x"]) | st.text(
                     max_size=5), st.text(max_size=8) | st.integers().map(str), max_size=3)).items())
-        key = draw(st.sampled_from([good_key, None, "", "sk-" + "0" * 40]) | st.text(max_size=60))
-        headers = {"authorization": f"Bearer {key}".encode()} if key is not None else {}  # UTF-8 bytes too
+        key = draw(st.sampled_from([good_key] * 6 + [None, "", "sk-" + "0" * 40]) | st.text(KEY_CHARS, max_size=60))
+        headers = {"authorization": f"Bearer {key}".strip().encode()} if key is not None else {}  # UTF-8 too
         headers["content-type"] = draw(st.sampled_from([
             "application/json", "text/plain", "multipart/form-data", "multipart/form-data; boundary=x",
             "application/x-www-form-urlencoded", "application/msgpack"]))
@@ -117,7 +118,8 @@ def requests(eps: list[Endpoint], models: list[str], good_key: str) -> st.Search
                                                                  "x-inferd-deadline-ms", "x-stainless-x"]),
                                                 st.text(st.characters(min_codepoint=32, max_codepoint=126),
                                                         max_size=20), max_size=2)).items():
-            headers[name] = value
+            if value.strip():
+                headers[name] = value.strip()  # what a client may send: no space at either end
         return Hostile(ep, url, headers, draw(bodies(models)))
     return build()
 
