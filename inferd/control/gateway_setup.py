@@ -16,6 +16,7 @@ from inferd.gateway.keys import imported_key, lookup_id_of
 from inferd.gateway.limits import MemoryLimiter
 from inferd.gateway.store import Store
 from inferd.protocol.policy import MAX_WS_FRAME_BYTES
+from inferd.protocol.slow_clients import ReadDeadlineProtocol
 from inferd.router.router import Router, RouterConfig
 from inferd.telemetry.tracing import make_tracer
 
@@ -113,5 +114,5 @@ def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, l
              config.port, config.gateway_id, store.engine.url.render_as_string(hide_password=True),
              "redis" if config.redis_url else "in-process")
     uvicorn.run(build_gateway_app(gateway, console.routes()), host=config.host, port=config.port, log_level=log_level,
-                ws_max_size=MAX_WS_FRAME_BYTES,
+                ws_max_size=MAX_WS_FRAME_BYTES, http=ReadDeadlineProtocol,
                 log_config=None, access_log=False, timeout_graceful_shutdown=5)

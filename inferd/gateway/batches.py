@@ -26,6 +26,7 @@ from inferd.gateway.files import list_page
 from inferd.gateway.kinds import Operation
 from inferd.gateway.tables import batch_lines, batches
 from inferd.protocol.errors import InvalidRequest, NotFound, to_api_error
+from inferd.protocol.http import decode_json
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 ENDED = ("failed", "completed", "expired", "cancelled")
@@ -196,7 +197,7 @@ def validate(content: bytes, op: Operation, planned, max_body_bytes: int, max_li
         raw_lines = []
     for number, raw in enumerate(raw_lines, 1):
         try:
-            item = json.loads(raw)
+            item = decode_json(raw)
         except ValueError:
             error(number, "invalid_json_line", "This line is not valid JSON.")
             continue
@@ -248,7 +249,7 @@ class BatchRoutes:
     async def create(self, request: Request) -> Response:
         key = await self._key(request)
         try:
-            body = await request.json()
+            body = decode_json(await request.body())
         except ValueError:
             raise InvalidRequest("The request body is not valid JSON.", code="invalid_json") from None
         if not isinstance(body, dict):

@@ -14,12 +14,21 @@ async def replica_metrics(client: httpx.AsyncClient, upstreams: list[Upstream]) 
     texts = await asyncio.gather(*(_fetch(client, u) for u in upstreams))
     families: dict[str, Metric] = {}
     for upstream, text in zip(upstreams, texts):
-        for family in text_string_to_metric_families(text or ""):
+        for family in _parsed(text or ""):
             merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
             merged.samples += [s._replace(labels=s.labels | {"replica": upstream.name}) for s in family.samples]
     registry = CollectorRegistry()
     registry.register(_Families(list(families.values())))
     return generate_latest(registry)
+
+
+def _parsed(text: str) -> list[Metric]:
+    """A replica's families, or none when its answer is not the Prometheus text format: one replica's
+    garbage leaves the others' metrics and the gateway's own."""
+    try:
+        return list(text_string_to_metric_families(text))
+    except ValueError:
+        return []
 
 
 async def _fetch(client: httpx.AsyncClient, upstream: Upstream) -> str | None:

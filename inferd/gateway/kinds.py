@@ -5,7 +5,6 @@ An operation's model is the body's `model`, or a path parameter (the Open Infere
 
 The lifecycle (lifecycle.py) is written once; each kind's module (text.py, ...) lists its operations.
 """
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from inferd.gateway.charges import Plan
 from inferd.gateway.config import ModelPrice
 from inferd.gateway.deployments import Deployment
 from inferd.gateway.policy import KeyPolicy
+from inferd.protocol.http import decode_json
 
 Planner = Callable[[Deployment, KeyPolicy, Any, dict, ModelPrice], Plan]  # deployment, key, body, raw, price
 OutputCap = Callable[[Plan, int, ModelPrice], Plan]  # the plan with at most N output units (degradation)
@@ -31,4 +31,4 @@ class Operation:
     cap_output: OutputCap | None = None  # None: the kind has no output to cap
     model_param: str | None = None  # the path parameter naming the model (None: the body's `model`)
     max_body_bytes: int | None = None  # the kind's own cap, below the gateway's
-    decode: Callable[[bytes], Any] = json.loads  # the body's parser
+    decode: Callable[[bytes], Any] = decode_json  # the body's parser

@@ -90,8 +90,17 @@ def error_response_for(path: str, exc: BaseException, map_error=to_api_error) ->
 
 # request bodies and disconnects
 
+def decode_json(content: bytes | str) -> Any:
+    """json.loads, with a body nested past the interpreter's recursion limit (100,000 `[`s) an invalid
+    body like any other (json.JSONDecodeError) instead of a RecursionError, which is a 500."""
+    try:
+        return json.loads(content)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None
+
+
 async def read_json(request: Request, max_body_bytes: int) -> Any:
-    return json.loads(await read_body(request, max_body_bytes))
+    return decode_json(await read_body(request, max_body_bytes))
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:

@@ -64,3 +64,27 @@ def test_the_failure_buckets_refill_and_are_bounded():
     for i in range(1000):
         failures.failed(f"10.0.{i // 256}.{i % 256}")
     assert failures.tracked == 100
+
+
+async def test_ten_thousand_random_keys_read_the_store_once_per_unknown_id_within_each_address_allowance(
+        store_and_key):
+    """10,000 random keys from 10 addresses, every third one a key already tried: a known-absent key id is
+    answered without a store read, and each address reads the store at most its allowance of times."""
+    import random
+    import time
+    from inferd.gateway.auth import AUTH_FAILURES_PER_S
+    store, good = store_and_key
+    keys, tried, rng = KeyCache(store, ttl_s=60), [], random.Random(17)
+    assert (await keys.authenticate(f"Bearer {good}", "10.0.0.1")).tenant.name == "t"
+    started = time.monotonic()
+    for i in range(10_000):
+        again = i % 3 == 2 and tried
+        key, address = rng.choice(tried) if again else random_key(), f"10.0.0.{i % 10}"
+        reads = keys.store_reads
+        with pytest.raises((AuthenticationFailed, RateLimitExceeded)):
+            await keys.authenticate(f"Bearer {key}", address)
+        assert not (again and keys.store_reads > reads), "a key id known absent was read again"
+        tried.append(key)
+    allowance = AUTH_FAILURE_BURST + (time.monotonic() - started) * AUTH_FAILURES_PER_S + 1
+    assert keys.store_reads <= 1 + 10 * allowance
+    assert (await keys.authenticate(f"Bearer {good}", "10.0.0.1")).tenant.name == "t"  # cached: still served
