@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import uvicorn
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -25,7 +24,7 @@ from inferd.protocol import headers
 from inferd.protocol.classical import MAX_PREDICT_BODY_BYTES, PredictRequest, decode_body, feature_matrix
 from inferd.protocol.errors import ModelNotFound
 from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_body, unless_disconnected
-from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome
+from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome, status_routes
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +39,8 @@ class ClassicalRoutes:
     def routes(self) -> list[Route]:
         return [Route("/v1/predict", self.predict, methods=["POST"]),
                 Route("/v1/models", self.list_models, methods=["GET"]),
-                Route("/health", self.health, methods=["GET"]),
-                Route("/ready", self.ready, methods=["GET"]),
-                Route("/metrics", self.render_metrics, methods=["GET"]), *OIPRoutes(self).routes()]
+                *status_routes(self.readiness, lambda: {"queue_rows": self.runtime.batcher.queued_cost},
+                               self.metrics.render), *OIPRoutes(self).routes()]
 
     async def predict(self, request: Request) -> Response:
         return await self.observed("v1", request, self._predict(request))
@@ -85,20 +83,6 @@ class ClassicalRoutes:
                 "platform": i.platform, "library": i.library, "version": i.version,
                 "schema": self.runtime.schema.as_dict(), "max_batch_rows": self.runtime.config.max_batch_rows,
                 "source_path": i.source_path, "digests": i.digests}
-
-    async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def ready(self, request: Request) -> Response:
-        r = self.readiness
-        body = {"loaded_unix_s": r.loaded_unix_s, "warm_unix_s": r.warm_unix_s,
-                "queue_rows": self.runtime.batcher.queued_cost}
-        if r.ready:
-            return JSONResponse({"status": "ready"} | body)
-        return JSONResponse({"status": "not ready"} | body, status_code=503)
-
-    async def render_metrics(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 # the app and its life

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 import uvicorn
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -24,7 +23,7 @@ from inferd.protocol import headers
 from inferd.protocol.errors import ModelNotFound, error_response
 from inferd.protocol.http import RequestContextMiddleware, read_json, unless_disconnected
 from inferd.protocol.openai import EmbeddingRequest
-from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome
+from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome, status_routes
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +39,8 @@ class EmbeddingRoutes:
     def routes(self) -> list[Route]:
         return [Route("/v1/embeddings", self.embeddings, methods=["POST"]),
                 Route("/v1/models", self.list_models, methods=["GET"]),
-                Route("/health", self.health, methods=["GET"]),
-                Route("/ready", self.ready, methods=["GET"]),
-                Route("/metrics", self.render_metrics, methods=["GET"])]
+                *status_routes(self.readiness, lambda: {"queue_inputs": self.runtime.batcher.queued_items},
+                               self.metrics.render)]
 
     async def embeddings(self, request: Request) -> Response:
         try:
@@ -76,20 +74,6 @@ class EmbeddingRoutes:
                 "num_special_tokens": self.runtime.shape.num_special_tokens,
                 "truncate": self.runtime.config.truncate, "source_path": i.source_path, "digests": i.digests}
         return JSONResponse({"object": "list", "data": [card]})
-
-    async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def ready(self, request: Request) -> Response:
-        r = self.readiness
-        body = {"loaded_unix_s": r.loaded_unix_s, "warm_unix_s": r.warm_unix_s,
-                "queue_inputs": self.runtime.batcher.queued_items}
-        if r.ready:
-            return JSONResponse({"status": "ready"} | body)
-        return JSONResponse({"status": "not ready"} | body, status_code=503)
-
-    async def render_metrics(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 def embedding_response(vectors: torch.Tensor, encoding_format: str, model: str, num_tokens: int) -> JSONResponse:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import uvicorn
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -23,7 +22,7 @@ from inferd.protocol import headers
 from inferd.protocol.errors import APIError, InvalidRequest, PayloadTooLarge, to_api_error
 from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_body, unless_disconnected
 from inferd.protocol.policy import PolicyError, check_observation, packb, unpackb
-from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome
+from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome, status_routes
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +42,8 @@ class PolicyRoutes:
     def routes(self) -> list[Route]:
         return [Route("/v1/policy/infer", self.infer, methods=["POST"]),
                 Route("/v1/models", self.list_models, methods=["GET"]),
-                Route("/health", self.health, methods=["GET"]),
-                Route("/ready", self.ready, methods=["GET"]),
-                Route("/metrics", self.render_metrics, methods=["GET"])]
+                *status_routes(self.readiness, lambda: {"queue_observations": self.runtime.batcher.queued_items},
+                               self.metrics.render)]
 
     async def infer(self, request: Request) -> Response:
         try:
@@ -75,20 +73,6 @@ class PolicyRoutes:
                 "max_frame_bytes": c.max_frame_bytes, "max_sessions": c.max_sessions,
                 "idle_timeout_s": c.idle_timeout_s, "max_batch_size": c.max_batch_size,
                 "source_path": str(files.path), "digests": dict(files.digests)}
-
-    async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def ready(self, request: Request) -> Response:
-        r = self.readiness
-        body = {"loaded_unix_s": r.loaded_unix_s, "warm_unix_s": r.warm_unix_s,
-                "queue_observations": self.runtime.batcher.queued_items}
-        if r.ready:
-            return JSONResponse({"status": "ready"} | body)
-        return JSONResponse({"status": "not ready"} | body, status_code=503)
-
-    async def render_metrics(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 def build_policy_app(runtime: PolicyRuntime, metrics: PolicyMetrics, *, api_key: str | None = None,

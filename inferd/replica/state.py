@@ -7,7 +7,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from inferd.protocol import headers
 from inferd.protocol.errors import APIError, ClientClosedRequest, DeadlineExceeded
@@ -39,6 +42,25 @@ def outcome(exc: BaseException) -> str:
         case APIError() if exc.status < 500 or exc.status == 503:
             return "rejected"
     return "failed"
+
+
+def status_routes(readiness: Readiness, queue: Callable[[], dict], render_metrics: Callable[[], bytes]) -> list[Route]:
+    """/health, /ready (503 until warm; the load and warm times and what queue() says waits) and /metrics, alike
+    for the kinds over the batcher."""
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(request: Request) -> Response:
+        body = {"loaded_unix_s": readiness.loaded_unix_s, "warm_unix_s": readiness.warm_unix_s} | queue()
+        if readiness.ready:
+            return JSONResponse({"status": "ready"} | body)
+        return JSONResponse({"status": "not ready"} | body, status_code=503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(render_metrics(), media_type=CONTENT_TYPE_LATEST)
+
+    return [Route("/health", health, methods=["GET"]), Route("/ready", ready, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"])]
 
 
 def batched_lifespan(runtime, readiness: Readiness, warm_up: Callable[[], Awaitable[str]]):
