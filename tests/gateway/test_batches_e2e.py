@@ -63,9 +63,13 @@ def test_sigkill_mid_batch_resumes_without_losing_or_rerunning_lines(tmp_path):
         api = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)
         done = wait_status(api, batch.id, lambda b: b.status in ("completed", "failed"))
         out = [json.loads(x) for x in api.files.content(done.output_file_id).text.splitlines()]
-        with engine.connect() as conn:
-            records = conn.execute(text("SELECT request_id, gateway_id, status, cost_usd FROM usage_records "
-                                        "WHERE batch_id = :b"), {"b": batch.id}).all()
+        for _ in range(100):  # the last lines' records reach the store from the journal within a second
+            with engine.connect() as conn:
+                records = conn.execute(text("SELECT request_id, gateway_id, status, cost_usd FROM usage_records "
+                                            "WHERE batch_id = :b"), {"b": batch.id}).all()
+            if sum(r[2] == "completed" for r in records) >= n:
+                break
+            time.sleep(0.1)
     assert done.status == "completed" and done.request_counts.completed == n
     assert sorted(x["custom_id"] for x in out) == sorted(f"c{i}" for i in range(n))  # none lost, none twice
     completed = {}
