@@ -123,7 +123,7 @@ def main() -> None:
         stopped(proc)
     result = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": f"{os.cpu_count()} cores",
-        "model": default_model_path().name, "settings": vars(args),
+        "model": default_model_path().name, "settings": vars(args) | {"out": Path(args.out).name},
         "capacity_req_s": round(cap, 3), "batch_alone_lines_s": round(args.lines / alone_s, 3),
         "batch_share_of_capacity": round(args.lines / alone_s / cap, 3),
         "interactive_alone": quiet, "interactive_with_batch": busy,

@@ -49,6 +49,16 @@ def process_tree(pid: int) -> dict[int, str]:
     return out
 
 
+def process_name(cmdline: str) -> str:
+    """inferd's gateway or replica (with its kind and model file), or the peer's script: no machine paths."""
+    if " -m inferd.cli serve" in cmdline:
+        return "inferd gateway"
+    if " -m inferd.cli replica" in cmdline:
+        model = next((Path(a).name for a in cmdline.split() if "." in Path(a).name and "/" in a), "")
+        return f"inferd replica {model}".strip()
+    return Path(cmdline.split()[1]).name if len(cmdline.split()) > 1 else cmdline
+
+
 async def closed_loop(url: str, headers: dict, bodies: list[bytes], n: int, concurrency: int = 8) -> float:
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=concurrency), timeout=30) as client:
         queue = asyncio.Queue()
@@ -90,7 +100,7 @@ def main() -> None:
                             if s * 1000 / args.requests >= 0.02}
                     cell = {"system": system, "model": model, "requests_per_s": round(args.requests / wall),
                             "cpu_ms_per_request": round(sum(used.values()) * 1000 / args.requests, 3),
-                            "by_process": {tree[pid].split(" -m ")[-1][:60]: ms for pid, ms in busy.items()}}
+                            "by_process": {process_name(tree[pid]): ms for pid, ms in busy.items()}}
                     print(json.dumps(cell), flush=True)
                     results["cells"].append(cell)
             finally:

@@ -124,7 +124,7 @@ def main() -> None:
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cores": os.cpu_count(), "load_average_before": load_before,
                           "shared": "2 cores shared with two other agents' work"},
-              "settings": vars(args) | {"out": str(args.out), "model": "SmolLM2-135M-Instruct (default)"},
+              "settings": vars(args) | {"out": args.out.name, "model": "SmolLM2-135M-Instruct (default)"},
               "capacity_per_s": round(capacity, 2), "rates": rates, "after_load": after,
               "gateway_rss_mib": {"before": round(rss_before, 1), "after": round(rss_after, 1)}}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
