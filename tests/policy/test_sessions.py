@@ -2,6 +2,7 @@
 policy replica app (the tiny policy) reached through httpx's ASGI transport. The handshake (keys, access,
 caps), the strict alternation, checks before work, deadlines, superseding, and one usage record a session."""
 import time
+from contextlib import contextmanager
 
 import httpx
 import numpy as np
@@ -55,6 +56,20 @@ def make(tmp_path, policy: TinyPolicy, *, max_frame_bytes=2**20, max_sessions=4,
     return gw, key, replicas, records
 
 
+@contextmanager
+def session(client: TestClient, gw, headers: dict):
+    """A session the test itself leaves: closed, then waited for until the gateway has ended it (TestClient
+    cancels the app as its websocket context exits, which would race the session's own end)."""
+    with client.websocket_connect(PATH, headers=headers) as ws:
+        yield ws
+        opened = gw.sessions.count("tiny")
+        ws.close()
+        for _ in range(300):
+            if gw.sessions.count("tiny") < opened:
+                break
+            time.sleep(0.01)
+
+
 def auth(key: str, scheme: str = "Api-Key") -> dict:
     return {"authorization": f"{scheme} {key}"}
 
@@ -62,7 +77,7 @@ def auth(key: str, scheme: str = "Api-Key") -> dict:
 def test_metadata_first_then_a_chunk_per_observation_and_one_record(tmp_path):
     gw, key, replicas, records = make(tmp_path, TinyPolicy())
     with TestClient(build_gateway_app(gw)) as client:
-        with client.websocket_connect(PATH, headers=auth(key)) as ws:
+        with session(client, gw, auth(key)) as ws:
             meta = unpackb(ws.receive_bytes())
             assert meta["action_horizon"] == 4 and meta["observation_spec"]["prompt"]["dtype"] == "str"
             now = time.time()
@@ -107,13 +122,13 @@ def test_model_access_and_the_tenants_session_cap(tmp_path):
             with pytest.raises(WebSocketDisconnect) as closed:
                 ws.receive_bytes()
         assert closed.value.code == 4403
-        with client.websocket_connect(PATH, headers=auth(key)) as first:
+        with session(client, gw, auth(key)) as first:
             first.receive_bytes()
             with client.websocket_connect(PATH, headers=auth(key)) as second:
                 with pytest.raises(WebSocketDisconnect) as closed:
                     second.receive_bytes()
             assert closed.value.code == 4429 and "retry in 5 s" in closed.value.reason
-        with client.websocket_connect(PATH, headers=auth(key)) as again:  # the first one's slot is free again
+        with session(client, gw, auth(key)) as again:  # the first one's slot is free again
             again.receive_bytes()
     assert sorted(r.status for r in records) == ["completed", "completed", "rejected", "rejected"]
 
@@ -145,7 +160,7 @@ def test_bad_observations_are_error_frames_and_the_session_goes_on(tmp_path):
 def test_a_newer_observation_replaces_a_waiting_one_and_a_late_chunk_is_flagged(tmp_path):
     gw, key, _, records = make(tmp_path, TinyPolicy(delay_s=0.2))
     with TestClient(build_gateway_app(gw)) as client:
-        with client.websocket_connect(PATH, headers=auth(key)) as ws:
+        with session(client, gw, auth(key)) as ws:
             ws.receive_bytes()
             for i in range(3):  # a client that does not wait: the second waits behind the first, the third replaces it
                 ws.send_bytes(packb(observation((i, 0, 0), **{"inferd.deadline_ms": 100})))
@@ -163,7 +178,7 @@ def test_a_client_that_leaves_mid_inference_leaves_nothing_behind(tmp_path):
     policy = TinyPolicy(delay_s=0.3)
     gw, key, _, records = make(tmp_path, policy)
     with TestClient(build_gateway_app(gw)) as client:
-        with client.websocket_connect(PATH, headers=auth(key)) as ws:
+        with session(client, gw, auth(key)) as ws:  # it leaves 50 ms into a 300 ms forward pass
             ws.receive_bytes()
             ws.send_bytes(packb(observation()))
             time.sleep(0.05)
