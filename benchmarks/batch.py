@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time

@@ -15,7 +15,6 @@ import json
 import os
 import random
 import re
-import statistics
 import sys
 import tempfile
 import time
