@@ -1,31 +1,17 @@
 """A classical replica's Prometheus metrics: requests by outcome, rows, batches, queue and compute time."""
-from collections.abc import Iterator
-
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
 
 from inferd.replica.batcher import Batcher, BatchReport
+from inferd.replica.batcher_gauges import BatcherGauges
 from inferd.telemetry import LATENCY_BUCKETS_S
 
 BATCH_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
-
-class QueueCollector:
-    """The batcher's queue at scrape time."""
-
-    def __init__(self, batcher: Batcher):
-        self._batcher = batcher
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        b = self._batcher
-        yield GaugeMetricFamily("inferd_classical_queue_requests", "Requests (or pieces) waiting for a batch.",
-                                b.queued_items)
-        yield GaugeMetricFamily("inferd_classical_queue_rows", "Rows waiting for a batch.", b.queued_cost)
-        yield GaugeMetricFamily("inferd_classical_running_rows", "Rows in the running batch.",
-                                sum(i.cost for i in b.running))
+QUEUE_GAUGES = [  # the batcher's queue at scrape time
+    ("inferd_classical_queue_requests", "Requests (or pieces) waiting for a batch.", lambda b: b.queued_items),
+    ("inferd_classical_queue_rows", "Rows waiting for a batch.", lambda b: b.queued_cost),
+    ("inferd_classical_running_rows", "Rows in the running batch.", lambda b: sum(i.cost for i in b.running)),
+]
 
 
 class ClassicalMetrics:
@@ -48,7 +34,7 @@ class ClassicalMetrics:
                                    "completed request.", buckets=LATENCY_BUCKETS_S, registry=r)
 
     def watch_queue(self, batcher: Batcher) -> None:
-        self.registry.register(QueueCollector(batcher))
+        self.registry.register(BatcherGauges(batcher, QUEUE_GAUGES))
 
     def observe_batch(self, report: BatchReport) -> None:
         self.batch_rows.observe(report.cost)

@@ -1,30 +1,18 @@
 """An embedding replica's Prometheus metrics: requests, inputs, tokens, batches, queue and compute time."""
-from collections.abc import Iterator
-
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
 
 from inferd.replica.batcher import Batcher, BatchReport
+from inferd.replica.batcher_gauges import BatcherGauges
 from inferd.telemetry import LATENCY_BUCKETS_S
 
 BATCH_INPUT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
-
-class QueueCollector:
-    """The batcher's queue at scrape time."""
-
-    def __init__(self, batcher: Batcher):
-        self._batcher = batcher
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        b = self._batcher
-        yield GaugeMetricFamily("inferd_embedding_queue_inputs", "Inputs waiting for a batch.", b.queued_items)
-        yield GaugeMetricFamily("inferd_embedding_queue_tokens", "Tokens of the inputs waiting.", b.queued_cost)
-        yield GaugeMetricFamily("inferd_embedding_running_inputs", "Inputs in the running batch.", len(b.running))
+QUEUE_GAUGES = [  # the batcher's queue at scrape time
+    ("inferd_embedding_queue_inputs", "Inputs waiting for a batch.", lambda b: b.queued_items),
+    ("inferd_embedding_queue_tokens", "Tokens of the inputs waiting.", lambda b: b.queued_cost),
+    ("inferd_embedding_running_inputs", "Inputs in the running batch.", lambda b: len(b.running)),
+]
 
 
 class EmbeddingMetrics:
@@ -51,7 +39,7 @@ class EmbeddingMetrics:
                                    "completed request.", buckets=LATENCY_BUCKETS_S, registry=r)
 
     def watch_queue(self, batcher: Batcher) -> None:
-        self.registry.register(QueueCollector(batcher))
+        self.registry.register(BatcherGauges(batcher, QUEUE_GAUGES))
 
     def observe_batch(self, report: BatchReport) -> None:
         self.batch_inputs.observe(report.num_items)

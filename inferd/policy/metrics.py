@@ -1,25 +1,15 @@
 """A policy replica's Prometheus metrics: observations by outcome, batches, queue and compute time."""
-from collections.abc import Iterator
-
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
 
 from inferd.replica.batcher import Batcher, BatchReport
+from inferd.replica.batcher_gauges import BatcherGauges
 from inferd.telemetry import LATENCY_BUCKETS_S
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
-
-class _QueueCollector:
-    def __init__(self, batcher: Batcher):
-        self._batcher = batcher
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("inferd_policy_queue_observations", "Observations waiting for a batch.",
-                                self._batcher.queued_items)
+QUEUE_GAUGES = [  # the batcher's queue at scrape time
+    ("inferd_policy_queue_observations", "Observations waiting for a batch.", lambda b: b.queued_items),
+]
 
 
 class PolicyMetrics:
@@ -39,7 +29,7 @@ class PolicyMetrics:
                                    "answered observation.", buckets=LATENCY_BUCKETS_S, registry=r)
 
     def watch_queue(self, batcher: Batcher) -> None:
-        self.registry.register(_QueueCollector(batcher))
+        self.registry.register(BatcherGauges(batcher, QUEUE_GAUGES))
 
     def observe_batch(self, report: BatchReport) -> None:
         self.batch_size.observe(report.num_items)
