@@ -16,7 +16,8 @@ KEY = "sk-batch-kill-key"
 
 def lines(n: int, max_tokens: int) -> bytes:
     return b"".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
-        "messages": [{"role": "user", "content": f"Count to {i}"}], "max_tokens": max_tokens}}).encode() + b"\n"
+        "messages": [{"role": "user", "content": f"Count to {i}"}], "max_tokens": max_tokens,
+        "ignore_eos": True}}).encode() + b"\n"
         for i in range(n))
 
 
