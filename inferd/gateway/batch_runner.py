@@ -160,7 +160,7 @@ class BatchRunner:
                 return
             for line in pending:
                 model = json.loads(line["body"]).get("model")
-                if self._running.get(model, 0) >= self._cap(model, op.kind):
+                if self._running.get(model, 0) >= lines_at_once(self.gw.deployments, model, op.kind):
                     break
                 self._running[model] = self._running.get(model, 0) + 1
                 running[asyncio.create_task(self._line(batch, key, op, line, model))] = line["line"]
@@ -174,16 +174,11 @@ class BatchRunner:
             if time.monotonic() - key_read_s > POLL_S * 10:
                 key, key_read_s = await self._key(batch), time.monotonic()
 
-    def _cap(self, model: str | None, kind: str) -> int:
-        """Lines at once for the model: its queue's capacity, so that each waits at most for one to end."""
-        ds = self.gw.deployments
-        d = ds.get(model or ds.defaults.get(kind, ""))
-        return max(d.queue.max_inflight, 1) if d is not None else UNLIMITED_LINES
-
     async def _line(self, batch: dict, key, op: Operation, line: dict, model: str | None) -> None:
         request_id = f"{batch['id']}-{line['line']}"
         try:
-            status, content = await self._serve(batch, key, op, line["body"].encode(), request_id)
+            status, content = await serve_in_process(self.gw, op, key, line["body"].encode(), request_id,
+                                                     batch["expires_at"], batch["id"])
             if status in ROOM:
                 await asyncio.sleep(RETRY_S)  # stays pending: tried again
                 return
@@ -192,30 +187,6 @@ class BatchRunner:
                 log.warning("batch %s line %d already had its result", batch["id"], line["line"])
         finally:
             self._running[model] -= 1
-
-    async def _serve(self, batch: dict, key, op: Operation, body: bytes, request_id: str) -> tuple[int, bytes]:
-        """The line through the request path as an in-process request; its status and body."""
-        left_ms = max(int((batch["expires_at"] - time.time()) * 1000), 1)
-        scope = {"type": "http", "method": "POST", "path": op.path, "query_string": b"", "path_params": {},
-                 "client": None, "headers": [(b"content-type", b"application/json"),
-                                             (headers.PRIORITY.encode(), b"batch"),
-                                             (headers.DEADLINE_MS.encode(), str(left_ms).encode())],
-                 "state": {"request_id": request_id, "arrival_s": time.monotonic()}}
-        sent = False
-
-        async def receive() -> dict:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()  # no client to go away: only cancelling the line ends it
-
-        try:
-            response = await self.gw.requests.serve(Request(scope, receive), op, key=key, batch_id=batch["id"])
-        except APIError as exc:
-            err = to_api_error(exc)
-            return err.status, json.dumps(error_body(err)).encode()
-        return response.status_code, bytes(response.body)
 
     # finalizing
 
@@ -241,6 +212,39 @@ class BatchRunner:
                     ("\n".join(lines) + "\n").encode(), file_id=prefix + batch_id.removeprefix("batch_"))["id"]
         store.move(batch_id, end, ("finalizing",), **ids)
         log.info("batch %s %s: %d answered, %d errors", batch_id, end, len(output), len(errors))
+
+
+def lines_at_once(ds, model: str | None, kind: str) -> int:
+    """Lines (or jobs) at once for the model: its queue's capacity, so that each waits at most for one to end."""
+    d = ds.get(model or ds.defaults.get(kind, ""))
+    return max(d.queue.max_inflight, 1) if d is not None else UNLIMITED_LINES
+
+
+async def serve_in_process(gw, op: Operation, key, body: bytes, request_id: str, expires_at: float,
+                           batch_id: str) -> tuple[int, bytes]:
+    """body through the request path as an in-process request of the batch class, with a deadline at
+    expires_at (unix s); its status and body. batch_id: the batch (or async job) its usage records name."""
+    left_ms = max(int((expires_at - time.time()) * 1000), 1)
+    scope = {"type": "http", "method": "POST", "path": op.path, "query_string": b"", "path_params": {},
+             "client": None, "headers": [(b"content-type", b"application/json"),
+                                         (headers.PRIORITY.encode(), b"batch"),
+                                         (headers.DEADLINE_MS.encode(), str(left_ms).encode())],
+             "state": {"request_id": request_id, "arrival_s": time.monotonic()}}
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # no client to go away: only cancelling the task ends it
+
+    try:
+        response = await gw.requests.serve(Request(scope, receive), op, key=key, batch_id=batch_id)
+    except APIError as exc:
+        err = to_api_error(exc)
+        return err.status, json.dumps(error_body(err)).encode()
+    return response.status_code, bytes(response.body)
 
 
 def _output_line(line: dict) -> dict:

@@ -50,8 +50,8 @@ def postgres_url() -> str:
         _missing("PostgreSQL (INFERD_TEST_POSTGRES_URL)")
     engine = create_engine(url)
     with engine.begin() as conn:
-        for table in ("batch_lines", "batches", "files", "usage_records", "usage_daily", "audit_log", "api_keys",
-                      "tenants", "alembic_version"):
+        for table in ("webhook_deliveries", "webhook_secrets", "async_jobs", "batch_lines", "batches", "files",
+                      "usage_records", "usage_daily", "audit_log", "api_keys", "tenants", "alembic_version"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
     engine.dispose()
     return url

@@ -1,0 +1,42 @@
+"""Leases: which gateway runs a piece of durable work (a batch line, a batch's validation or finalizing, an
+async job), so that several gateways on one store never run it twice at once.
+
+    claim  → a row whose lease is free (none, or lapsed) becomes this gateway's until now + lease_s
+    renew  → the holder pushes its lease on while it works (every lease_s / 3)
+    free   → the holder lets go (the work ended, or was handed back)
+
+A gateway that dies stops renewing; another claims the row once the lease has lapsed. Each is one conditional
+UPDATE, so two gateways racing for a row cannot both win (PostgreSQL re-reads the row it waited for; SQLite
+writes one at a time). A result is still written once whoever holds the lease (the row's own state guards it).
+"""
+import time
+
+from sqlalchemy import Connection, Engine, Table, or_, update
+
+
+def free_or_lapsed(table: Table, now: float):
+    return or_(table.c.lease_until.is_(None), table.c.lease_until < now)
+
+
+def claim(engine: Engine | Connection, table: Table, owner: str, lease_s: float, *where) -> bool:
+    """The row(s) matching where (and free or lapsed) leased to owner; True if any was."""
+    now = time.time()
+    statement = (update(table).where(*where, or_(free_or_lapsed(table, now), table.c.lease_owner == owner))
+                 .values(lease_owner=owner, lease_until=now + lease_s))
+    if isinstance(engine, Connection):
+        return engine.execute(statement).rowcount > 0
+    with engine.begin() as conn:
+        return conn.execute(statement).rowcount > 0
+
+
+def renew(engine: Engine, table: Table, owner: str, lease_s: float, *where) -> int:
+    """Push on owner's leases of the rows matching where; how many it still held."""
+    with engine.begin() as conn:
+        return conn.execute(update(table).where(*where, table.c.lease_owner == owner)
+                            .values(lease_until=time.time() + lease_s)).rowcount
+
+
+def free(engine: Engine, table: Table, owner: str, *where) -> None:
+    with engine.begin() as conn:
+        conn.execute(update(table).where(*where, table.c.lease_owner == owner)
+                     .values(lease_owner=None, lease_until=None))
