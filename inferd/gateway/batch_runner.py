@@ -12,9 +12,10 @@
                  written; the batch completed, expired or cancelled.
 
 Everything is read back from the store, so a gateway killed at any point resumes its batches when it starts
-again: completed lines keep their results, a line that was running when it died is run again. One gateway
-runs a store's batches (several gateways on one PostgreSQL would each run them; lines would still be
-written once, but could run twice).
+again: completed lines keep their results, a line that was running when it died is run again. Several gateways
+on one store share the work under leases (leases.py): a line runs only on the gateway that leased it, a
+batch is validated and finalized by one gateway at a time; a dead gateway's leases lapse after lease_s and
+another takes its lines over (a restarted gateway is another: it waits out its predecessor's leases too).
 """
 import asyncio
 import json
@@ -25,7 +26,9 @@ import uuid
 from starlette.requests import Request
 
 from inferd.gateway import embeddings, text
-from inferd.gateway.batches import ACTIVE, Line, validate
+from inferd.gateway import leases
+from inferd.gateway.batches import Line, validate
+from inferd.gateway.tables import batch_lines, batches
 from inferd.gateway.kinds import Operation
 from inferd.protocol import headers
 from inferd.protocol.errors import APIError, error_body, to_api_error
@@ -36,6 +39,7 @@ POLL_S = 1.0  # how often the runner looks for new, cancelled or expired work
 RETRY_S = 1.0  # before a line refused for want of room is tried again
 UNLIMITED_LINES = 64  # lines at once for a model that has no deployment of its own name (an alias)
 ROOM = (429, 503)  # refusals that a later try may not meet
+ENDING = ("in_progress", "cancelling", "finalizing")  # the statuses finalizing starts from or resumes
 
 
 class BatchRunner:
@@ -46,6 +50,7 @@ class BatchRunner:
         self._task: asyncio.Task | None = None
         self._driving: dict[str, asyncio.Task] = {}
         self._running: dict[str, int] = {}  # lines in flight per model, all batches together
+        self.owner = gateway.config.gateway_id  # whose leases (leases.py)
 
     def operation(self, endpoint: str | None) -> Operation | None:
         return self.operations.get(endpoint)
@@ -84,11 +89,16 @@ class BatchRunner:
         try:
             batch = await asyncio.to_thread(self.gw.batches.row, batch_id)
             if batch["status"] == "validating":
-                batch = await self._validate(batch)
+                async with self._holding(batch_id, ("validating",)) as held:
+                    if not held:
+                        return  # another gateway validates it
+                    batch = await self._validate(batch)
             if batch["status"] in ("in_progress", "cancelling"):
                 await self._run_lines(batch)
-            if (await asyncio.to_thread(self.gw.batches.row, batch_id))["status"] in ACTIVE:
-                await asyncio.to_thread(self._finalize, batch_id)
+            if (await asyncio.to_thread(self.gw.batches.row, batch_id))["status"] in ENDING:
+                async with self._holding(batch_id, ENDING) as held:
+                    if held:
+                        await asyncio.to_thread(self._finalize, batch_id)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -96,6 +106,11 @@ class BatchRunner:
             await asyncio.sleep(POLL_S)
         finally:
             self._driving.pop(batch_id, None)
+
+    def _holding(self, batch_id: str, statuses: tuple[str, ...]):
+        """The batch's lease while it is one of statuses (validating, finalizing: one gateway at a time)."""
+        return leases.holding(self.gw.store.engine, batches, self.owner, self.gw.config.lease_s,
+                              batches.c.id == batch_id, batches.c.status.in_(statuses))
 
     async def _key(self, batch: dict):
         found = await asyncio.to_thread(self.gw.store.find_key, batch["key_id"].removeprefix("key_"))
@@ -138,49 +153,75 @@ class BatchRunner:
     # in_progress
 
     async def _run_lines(self, batch: dict) -> None:
-        """Start pending lines while there is room, until none is left, the batch is cancelled or expires."""
+        """Start pending lines while there is room, until none is left, the batch is cancelled or expires. Each
+        line is leased to this gateway before it starts and while it runs (another gateway runs the others)."""
         op, running, after = self.operations[batch["endpoint"]], {}, 0  # running: task -> its line
-        key, key_read_s = await self._key(batch), time.monotonic()
-        while True:
-            status = (await asyncio.to_thread(self.gw.batches.row, batch["id"]))["status"]
-            expired = time.time() >= batch["expires_at"]
-            if status != "in_progress" or expired or key is None:
-                if expired or key is None:
-                    for task in running:
-                        task.cancel()
-                await asyncio.gather(*running, return_exceptions=True)
-                if key is None:
-                    await asyncio.to_thread(self.gw.batches.move, batch["id"], "cancelling", ("in_progress",))
-                return
-            pending = [ln for ln in await asyncio.to_thread(self.gw.batches.pending, batch["id"], after, 64)
-                       if ln["line"] not in running.values()]
-            if not pending and after:
-                after = 0  # lines refused for want of room are tried again, from the start
-            elif not pending and not running:
-                return
-            for line in pending:
-                model = json.loads(line["body"]).get("model")
-                if self._running.get(model, 0) >= lines_at_once(self.gw.deployments, model, op.kind):
-                    break
-                self._running[model] = self._running.get(model, 0) + 1
-                running[asyncio.create_task(self._line(batch, key, op, line, model))] = line["line"]
-                after = line["line"]
-            if running:
-                done, _ = await asyncio.wait(running, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    del running[task]
-            elif pending or not after:
-                await asyncio.sleep(RETRY_S)
-            if time.monotonic() - key_read_s > POLL_S * 10:
-                key, key_read_s = await self._key(batch), time.monotonic()
+        store, lease_s = self.gw.batches, self.gw.config.lease_s
+        key, key_read_s, renewed_s = await self._key(batch), time.monotonic(), time.monotonic()
+        try:
+            while True:
+                status = (await asyncio.to_thread(store.row, batch["id"]))["status"]
+                expired = time.time() >= batch["expires_at"]
+                if status != "in_progress" or expired or key is None:
+                    await self._stop_lines(batch, running, cancel=expired or key is None)
+                    if key is None:
+                        await asyncio.to_thread(store.move, batch["id"], "cancelling", ("in_progress",))
+                    return
+                pending = [ln for ln in await asyncio.to_thread(store.pending, batch["id"], after, 64)
+                           if ln["line"] not in running.values()]
+                if not pending and after:
+                    after = 0  # lines refused for want of room are tried again, from the start
+                elif not pending and not running:
+                    if not await asyncio.to_thread(store.pending_left, batch["id"]):
+                        return
+                    await asyncio.sleep(RETRY_S)  # the rest are other gateways' (or lapse to us)
+                    continue
+                for line in pending:
+                    model = json.loads(line["body"]).get("model")
+                    if self._running.get(model, 0) >= lines_at_once(self.gw.deployments, model, op.kind):
+                        break
+                    after = line["line"]
+                    if await asyncio.to_thread(store.claim_line, batch["id"], line["line"], self.owner, lease_s):
+                        self._running[model] = self._running.get(model, 0) + 1
+                        running[asyncio.create_task(self._line(batch, key, op, line, model))] = line["line"]
+                if running:
+                    done, _ = await asyncio.wait(running, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        del running[task]
+                elif pending or not after:
+                    await asyncio.sleep(RETRY_S)
+                if running and time.monotonic() - renewed_s > lease_s / 3:
+                    await asyncio.to_thread(leases.renew, store.engine, batch_lines, self.owner, lease_s,
+                                            batch_lines.c.batch_id == batch["id"],
+                                            batch_lines.c.line.in_(list(running.values())))
+                    renewed_s = time.monotonic()
+                if time.monotonic() - key_read_s > POLL_S * 10:
+                    key, key_read_s = await self._key(batch), time.monotonic()
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.shield(asyncio.to_thread(leases.free, store.engine, batch_lines, self.owner,
+                                                   batch_lines.c.batch_id == batch["id"]))
+
+    async def _stop_lines(self, batch: dict, running: dict, cancel: bool) -> None:
+        """Ours end (cancelled, or let finish); then those other gateways run, before the batch is finalized."""
+        if cancel:
+            for task in running:
+                task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        running.clear()
+        while await asyncio.to_thread(self.gw.batches.pending_left, batch["id"], self.owner):
+            await asyncio.sleep(POLL_S)
 
     async def _line(self, batch: dict, key, op: Operation, line: dict, model: str | None) -> None:
         request_id = f"{batch['id']}-{line['line']}"
         try:
             status, content = await serve_in_process(self.gw, op, key, line["body"].encode(), request_id,
                                                      batch["expires_at"], batch["id"])
-            if status in ROOM:
-                await asyncio.sleep(RETRY_S)  # stays pending: tried again
+            if status in ROOM:  # stays pending: tried again, here or by a gateway with room
+                await asyncio.to_thread(leases.free, self.gw.batches.engine, batch_lines, self.owner,
+                                        batch_lines.c.batch_id == batch["id"], batch_lines.c.line == line["line"])
+                await asyncio.sleep(RETRY_S)
                 return
             if not await asyncio.to_thread(self.gw.batches.finish_line, batch["id"], line["line"], request_id,
                                            status, content):

@@ -9,7 +9,10 @@ A gateway that dies stops renewing; another claims the row once the lease has la
 UPDATE, so two gateways racing for a row cannot both win (PostgreSQL re-reads the row it waited for; SQLite
 writes one at a time). A result is still written once whoever holds the lease (the row's own state guards it).
 """
+import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from sqlalchemy import Connection, Engine, Table, or_, update
 
@@ -40,3 +43,24 @@ def free(engine: Engine, table: Table, owner: str, *where) -> None:
     with engine.begin() as conn:
         conn.execute(update(table).where(*where, table.c.lease_owner == owner)
                      .values(lease_owner=None, lease_until=None))
+
+
+@asynccontextmanager
+async def holding(engine: Engine, table: Table, owner: str, lease_s: float, rows, *only_if) -> AsyncIterator[bool]:
+    """Claims the rows (a where clause) if also only_if, for the block (yields False, and holds nothing, if another
+    gateway has them); renews the lease every lease_s / 3 while the block runs, frees it at the end."""
+    if not await asyncio.to_thread(claim, engine, table, owner, lease_s, rows, *only_if):
+        yield False
+        return
+
+    async def renewing() -> None:
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            await asyncio.to_thread(renew, engine, table, owner, lease_s, rows)
+
+    task = asyncio.create_task(renewing())
+    try:
+        yield True
+    finally:
+        task.cancel()
+        await asyncio.to_thread(free, engine, table, owner, rows)

@@ -47,7 +47,7 @@ def test_the_openai_sdk_runs_a_batch_unchanged(smollm2_server):
 def test_sigkill_mid_batch_resumes_without_losing_or_rerunning_lines(tmp_path):
     n, log_path = 40, tmp_path / "serve.log"
     flags = (str(default_model_path()), "--api-key", KEY, "--max-model-len", "256", "--kv-cache-gib", "0.1",
-             "--max-num-seqs", "4")
+             "--max-num-seqs", "4", "--lease-s", "2")  # the restarted server takes the killed one's lines after 2 s
     with server_process(log_path, *flags) as (proc, url):
         api = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)
         f = api.files.create(file=("in.jsonl", lines(n, 16)), purpose="batch")

@@ -1,0 +1,130 @@
+"""Two `inferd gateway` processes on one PostgreSQL store (a schema of its own) in front of one upstream (a
+plain OpenAI-compatible server on loopback that counts what it is sent): a batch's lines and async jobs are
+leased, so both gateways run lines and none runs one another runs; one gateway SIGKILLed mid-batch, the other
+takes its lines and jobs over once their leases lapse, and no line done before the kill runs again."""
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import openai
+from sqlalchemy import create_engine, text
+
+from inferd.models.loader import default_model_path
+from tests.gateway.services import postgres_schema
+from tests.server import ROOT, free_port, wait_ready
+
+KEY = "sk-shared-batches-key"
+LINES = 40
+DELAY_S = 0.25
+
+
+class Upstream:
+    """Answers each chat completion after DELAY_S; counts the prompts it was sent."""
+
+    def __init__(self):
+        self.sent: Counter[str] = Counter()
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self._json({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                upstream.sent[body["messages"][0]["content"]] += 1
+                time.sleep(DELAY_S)
+                self._json({"id": "x", "object": "chat.completion", "model": "m", "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+
+            def _json(self, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def gateway(tmp_path, name: str, db: str, upstream: str) -> tuple[subprocess.Popen, str]:
+    port, log_path = free_port(), tmp_path / f"{name}.log"
+    cmd = [sys.executable, "-m", "inferd.cli", "gateway", "--upstream", upstream, "--model", "m", "--tokenizer",
+           str(default_model_path()), "--max-model-len", "512", "--db", db, "--api-key", KEY, "--port", str(port),
+           "--lease-s", "2", "--max-inflight", "2", "--usage-journal", str(tmp_path / f"{name}.journal"),
+           "--files-dir", str(tmp_path / "files")]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    wait_ready(f"http://127.0.0.1:{port}", proc, log_path)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def rows(engine, sql: str, **params) -> list:
+    with engine.connect() as conn:
+        return conn.execute(text(sql), params).all()
+
+
+def test_two_gateways_share_a_batch_and_take_over_a_killed_ones_lines_and_jobs(tmp_path):
+    upstream = Upstream()
+    content = b"".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "messages": [{"role": "user", "content": f"line {i}"}], "max_tokens": 1}}).encode() + b"\n"
+        for i in range(LINES))
+    with postgres_schema() as db:
+        engine = create_engine(db)
+        a, a_url = gateway(tmp_path, "a", db, upstream.url)
+        b, b_url = gateway(tmp_path, "b", db, upstream.url)
+        try:
+            api = openai.OpenAI(base_url=f"{a_url}/v1", api_key=KEY, max_retries=0)
+            f = api.files.create(file=("in.jsonl", content), purpose="batch")
+            batch = api.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+            while len(rows(engine, "SELECT DISTINCT gateway_id FROM usage_records WHERE batch_id = :b",
+                           b=batch.id)) < 2:  # both gateways have run lines
+                time.sleep(0.1)
+            jobs = [httpx.post(f"{b_url}/v1/chat/completions", headers={
+                "authorization": f"Bearer {KEY}", "prefer": "respond-async"},
+                json={"messages": [{"role": "user", "content": f"job {i}"}], "max_tokens": 1}).json()["id"]
+                for i in range(3)]
+            while not all(r[0] for r in rows(engine, "SELECT lease_owner FROM async_jobs")):  # b runs them
+                time.sleep(0.02)
+            b.send_signal(signal.SIGKILL)
+            b.wait()
+            done_at_kill = {r[0] for r in rows(engine, "SELECT custom_id FROM batch_lines WHERE batch_id = :b AND "
+                                               "state = 'done'", b=batch.id)}
+            assert 0 < len(done_at_kill) < LINES
+            end = time.monotonic() + 60
+            while (status := api.batches.retrieve(batch.id)).status != "completed" and time.monotonic() < end:
+                time.sleep(0.2)
+            out = [json.loads(x) for x in api.files.content(status.output_file_id).text.splitlines()]
+            while time.monotonic() < end and any(
+                    httpx.get(f"{a_url}/v1/async/{j}", headers={"authorization": f"Bearer {KEY}"}).json()["status"]
+                    != "completed" for j in jobs):
+                time.sleep(0.2)
+            finished = [httpx.get(f"{a_url}/v1/async/{j}", headers={"authorization": f"Bearer {KEY}"}).json()
+                        for j in jobs]
+        finally:
+            for proc in (a, b):
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+            engine.dispose()
+            upstream.server.shutdown()
+    assert status.status == "completed" and status.request_counts.completed == LINES
+    assert sorted(x["custom_id"] for x in out) == sorted(f"c{i}" for i in range(LINES))
+    twice = {prompt for prompt, n in upstream.sent.items() if n > 1 and prompt.startswith("line")}
+    assert not {f"line {c[1:]}" for c in done_at_kill} & twice  # a line done before the kill never ran again
+    assert len(twice) <= 2  # only those b had in flight (--max-inflight 2) when it was killed
+    assert all(upstream.sent[f"line {i}"] >= 1 for i in range(LINES))
+    assert [j["status"] for j in finished] == ["completed"] * 3
+    assert all(j["response"]["body"]["choices"][0]["message"]["content"] == "ok" for j in finished)
