@@ -47,6 +47,9 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
                    "(default ~/.inferd/files)")
     p.add_argument("--batch-price-multiplier", type=float, default=0.5,
                    help="a batch line costs this share of the model's price (default 0.5)")
+    p.add_argument("--tenant-batch-queued-tokens", type=int, default=20_000_000,
+                   help="reserved tokens of one tenant's batch lines and async jobs not yet run; a batch or "
+                   "job past it is refused: token_limit_exceeded (default 20,000,000)")
     p.add_argument("--lease-s", type=float, default=10.0, help="a batch line or async job whose gateway stopped "
                    "renewing its lease is taken over by another after this (default 10 s)")
     p.add_argument("--webhook-secret-file", default=None, help="the master secret async jobs' webhooks are signed "

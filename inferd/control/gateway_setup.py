@@ -44,6 +44,7 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
     if args.files_dir:
         config.files_dir = Path(args.files_dir)
     config.lease_s = args.lease_s
+    config.tenant_batch_queued_tokens = args.tenant_batch_queued_tokens
     config.webhook_master_secret = webhook_master_secret(args.webhook_secret_file)
     config.webhook_allow_networks = check_networks(tuple(args.webhook_allow_network))
     return config

@@ -3,7 +3,7 @@
     run      → a queued job (or one whose gateway's lease lapsed) leased to this gateway, in_progress, through
                the request path as a batch line is (batch_runner.serve_in_process): the job's key, the batch
                class, a deadline at its expiry, priced at the batch multiplier, its usage record naming the job.
-               Refused for want of room (429, 503): tried again until it expires. Any other answer is its
+               Refused for want of room (429, 503): tried again (after 1 s, doubling to 30 s) until it expires. Any other answer is its
                result, written once (AsyncJobStore.finish). A job cancelled meanwhile has its request aborted.
     deliver  → an ended job whose webhook is due: its object POSTed, signed (webhooks.py), each attempt
                recorded; a failure (no answer, not 2xx, or the URL refused) is tried again after
@@ -29,6 +29,7 @@ from inferd.protocol.errors import APIError, AuthenticationFailed, DeadlineExcee
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0
+MAX_RETRY_S = 30.0  # the longest wait before a job refused for want of room (429, 503) is tried again
 MAX_DELIVERIES_AT_ONCE = 16
 
 
@@ -116,7 +117,7 @@ class AsyncRunner:
 
     async def _answer(self, job: dict) -> tuple[int, bytes]:
         """The job's answer (status, body): the request path's, or why it was not run."""
-        op = self.gw.batch_runner.operation(job["endpoint"])
+        op, wait_s = self.gw.batch_runner.operation(job["endpoint"]), RETRY_S
         while True:
             if time.time() >= job["expires_at"]:
                 return _error(DeadlineExceeded("The job was not run before it expired.", code="job_expired"))
@@ -127,7 +128,8 @@ class AsyncRunner:
                                                      job["expires_at"], job["id"])
             if status not in ROOM:
                 return status, content
-            await asyncio.sleep(RETRY_S)
+            await asyncio.sleep(wait_s)  # each refusal is a usage record: wait longer each time
+            wait_s = min(wait_s * 2, MAX_RETRY_S)
 
     # delivering
 

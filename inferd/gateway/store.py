@@ -186,9 +186,11 @@ class Store:
 
     def usage_summary(self, since_unix_s: float, until_unix_s: float, tenant_name: str | None = None,
                       gateway_id: str | None = None) -> list[dict]:
-        """Per tenant, model and spend ("batch": batch lines, at the batch price; else "interactive")."""
+        """Per tenant, model and spend ("batch": batch lines, "async": async jobs, both at the batch price; else
+        "interactive")."""
         u = usage_records
-        spend = case((u.c.batch_id.is_(None), "interactive"), else_="batch").label("spend")
+        spend = case((u.c.batch_id.is_(None), "interactive"), (u.c.batch_id.like("async_%"), "async"),
+                     else_="batch").label("spend")
         query = (select(func.coalesce(tenants.c.name, u.c.tenant_id).label("tenant"), u.c.model, spend,
                         func.count().label("requests"),
                         *(func.sum(_status_is(u, s)).label(s) for s in STATUSES),

@@ -75,6 +75,8 @@ def test_a_job_answers_202_and_its_result_is_the_synchronous_body(tmp_path):
     job_records = [rec for rec in records if rec.batch_id == job["id"]]
     assert len(job_records) == 1 and job_records[0].priority_class == "batch" and job_records[0].request_id == job["id"]
     assert job_records[0].cost_usd == pytest.approx(records[0].cost_usd / 2)  # the batch multiplier
+    spend = {r["spend"]: r["requests"] for r in gw.store.usage_summary(0, time.time() + 10)}
+    assert spend == {"interactive": 1, "async": 2}
 
 
 @pytest.mark.parametrize("body, headers, status, code", [
