@@ -141,12 +141,13 @@ class AsyncRunner:
             obj["webhook"] = {"url": job["webhook_url"]}
             body = json.dumps({"type": f"async.job.{obj['status']}", "timestamp": _iso(time.time()), "data": obj},
                               separators=(",", ":")).encode()
-            secret = await asyncio.to_thread(self.gw.webhook_secrets.secret, job["tenant_id"])
+            secrets = await asyncio.to_thread(self.gw.webhook_secrets.signing, job["tenant_id"],
+                                              c.webhook_rotation_grace_s)
             at, code, error = time.time(), None, None
             try:
                 await asyncio.to_thread(webhooks.check_url, job["webhook_url"], c.webhook_allow_networks)
                 r = await self._client.post(job["webhook_url"], content=body,
-                                            headers=webhooks.signed_headers(secret, job["id"], body))
+                                            headers=webhooks.signed_headers(secrets, job["id"], body))
                 code, error = r.status_code, None if r.is_success else f"answered HTTP {r.status_code}"
             except APIError as exc:
                 error = exc.message

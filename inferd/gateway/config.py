@@ -65,6 +65,7 @@ class GatewayConfig:
     webhook_max_attempts: int = 8
     webhook_backoff_s: float = 2.0  # after the first failed attempt; doubling
     webhook_backoff_max_s: float = 600.0
+    webhook_rotation_grace_s: float = 24 * 3600  # after a rotation, deliveries are signed with the old secret too
 
     def price(self, model: str) -> ModelPrice:
         return self.prices.get(model) or self.prices.get("*") or ModelPrice()

@@ -2,7 +2,8 @@
 
     webhook-id         the job's id (the same on every attempt: receivers drop repeats by it)
     webhook-timestamp  unix seconds of this attempt
-    webhook-signature  v1,<base64 of HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>
+    webhook-signature  v1,<base64 of HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>  (and, for
+                       webhook_rotation_grace_s after a rotation, a second one with the previous secret)
 
 A tenant's secret is never stored: it is HMAC-SHA256(master secret, "{tenant id}:{generation}"), the master
 secret from the gateway's settings (one for every gateway on a store), the generation a counter in the store
@@ -42,11 +43,15 @@ def secret_text(secret: bytes) -> str:
     return SECRET_PREFIX + base64.b64encode(secret).decode()
 
 
-def signed_headers(secret: bytes, message_id: str, body: bytes, now_s: float | None = None) -> dict[str, str]:
+def signed_headers(secrets: list[bytes], message_id: str, body: bytes, now_s: float | None = None
+                   ) -> dict[str, str]:
+    """The scheme's headers, signed with each secret (the newest first; the scheme's receivers take any)."""
     timestamp = str(int(time.time() if now_s is None else now_s))
-    digest = hmac.new(secret, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
-    return {"webhook-id": message_id, "webhook-timestamp": timestamp,
-            "webhook-signature": "v1," + base64.b64encode(digest).decode(), "content-type": "application/json"}
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    signatures = " ".join("v1," + base64.b64encode(hmac.new(s, signed, hashlib.sha256).digest()).decode()
+                          for s in secrets)
+    return {"webhook-id": message_id, "webhook-timestamp": timestamp, "webhook-signature": signatures,
+            "content-type": "application/json"}
 
 
 class WebhookSecrets:
@@ -66,9 +71,15 @@ class WebhookSecrets:
                                .where(webhook_secrets.c.tenant_id == tenant_id)).first()
         return (row[0], row[1]) if row else (0, None)
 
-    def secret(self, tenant_id: str) -> bytes:
+    def signing(self, tenant_id: str, grace_s: float) -> list[bytes]:
+        """The tenant's secret, and for grace_s after a rotation the one before it too (so that receivers can
+        move to the new one without dropping a delivery)."""
         assert self.master, "webhooks need the gateway's master secret"
-        return tenant_secret(self.master, tenant_id, self.generation(tenant_id)[0])
+        generation, rotated_at = self.generation(tenant_id)
+        secrets = [tenant_secret(self.master, tenant_id, generation)]
+        if rotated_at is not None and time.time() - rotated_at < grace_s:
+            secrets.append(tenant_secret(self.master, tenant_id, generation - 1))
+        return secrets
 
     def rotate(self, tenant_id: str) -> int:
         """The tenant's next generation (its secret changes at once); the new generation."""

@@ -201,6 +201,9 @@ def test_a_webhook_gets_the_signed_result_retried_with_backoff_each_attempt_reco
             done = wait_job(client, key, job["id"], lambda j: j["webhook"]["state"] == "delivered")
             rotated = client.post("/admin/tenants/t/webhook-secret/rotate", headers=auth("adm")).json()
             assert client.get("/admin/tenants/t/webhook-secret", headers=auth(key)).status_code == 401
+            after = client.post("/v1/chat/completions", json=CHAT,
+                                headers=auth(key) | ASYNC | {"x-inferd-webhook-url": receiver.url}).json()
+            wait_job(client, key, after["id"], lambda j: j["webhook"]["state"] == "delivered")
     finally:
         receiver.close()
     assert secret["secret"].startswith("whsec_") and rotated["generation"] == secret["generation"] + 1
@@ -210,8 +213,12 @@ def test_a_webhook_gets_the_signed_result_retried_with_backoff_each_attempt_reco
     assert attempts[0]["error"] == "answered HTTP 500" and attempts[2]["error"] is None
     gaps = [b["at_unix_s"] - a["at_unix_s"] for a, b in zip(attempts, attempts[1:])]
     assert 0.2 <= gaps[0] < gaps[1] and gaps[1] >= 0.4  # 0.2 s, then 0.4 s
-    assert [v for _, _, v in receiver.deliveries] == [True, True, True]
-    headers, body, _ = receiver.deliveries[-1]
+    assert [v for _, _, v in receiver.deliveries] == [True] * 4
+    assert len(receiver.deliveries) == 4 and receiver.deliveries[3][2]  # the old secret still verifies it
+    receiver.secret = rotated["secret"]
+    assert receiver.verified(*receiver.deliveries[3][:2]) and not receiver.verified(*receiver.deliveries[2][:2])
+    assert len(receiver.deliveries[3][0]["webhook-signature"].split()) == 2
+    headers, body, _ = receiver.deliveries[2]
     payload = json.loads(body)
     assert headers["webhook-id"] == job["id"] and payload["type"] == "async.job.completed"
     assert payload["data"]["response"] == done["response"] and payload["data"]["status"] == "completed"
