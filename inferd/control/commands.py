@@ -82,6 +82,8 @@ def _add_tenant_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline-ms", type=int, default=None, help="default deadline of the tenant's requests")
     p.add_argument("--queue-share", type=float, default=None, help="most of a queue one tenant may hold (0-1]")
     p.add_argument("--models", default=None, help="comma-separated models the tenant may use (default: all)")
+    p.add_argument("--batch-queued-tokens", type=int, default=None, help="reserved tokens of the tenant's batch "
+                   "lines and async jobs not yet run (default: the gateway's --tenant-batch-queued-tokens)")
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -293,7 +295,8 @@ def _models(raw: str | None) -> list[str] | None:
 def _tenant_settings(args: argparse.Namespace) -> dict:
     return {"budget_usd": args.budget_usd, "budget_period": args.budget_period, "weight": args.weight,
             "priority_class": args.priority_class, "default_deadline_ms": args.deadline_ms,
-            "queue_share": args.queue_share, "allowed_models": _models(args.models)}
+            "queue_share": args.queue_share, "allowed_models": _models(args.models),
+            "batch_queued_tokens": args.batch_queued_tokens}
 
 
 def _when(raw: str) -> float:

@@ -18,7 +18,7 @@ from inferd.gateway.policy import PolicyError, TenantPolicy
 from inferd.gateway.store import StoreError
 
 TENANT_FIELDS = {"name", "limits", "model_limits", "weight", "priority_class", "default_deadline_ms", "queue_share",
-                 "allowed_models", "budget_usd", "budget_period"}
+                 "allowed_models", "budget_usd", "budget_period", "batch_queued_tokens"}
 KEY_FIELDS = {"tenant", "name", "limits", "allowed_models", "priority_class"}
 
 

@@ -30,6 +30,7 @@ from starlette.routing import Route
 
 from inferd.gateway import leases, webhooks
 from inferd.gateway.auth import client_address
+from inferd.gateway.batch_runner import queued_tokens_cap
 from inferd.gateway.kinds import Operation
 from inferd.gateway.tables import async_jobs, webhook_deliveries
 from inferd.protocol import headers
@@ -205,17 +206,17 @@ class AsyncRoutes:
                 raise InvalidRequest("This gateway sends no webhooks (it has no webhook secret); poll the job.",
                                      param="webhook_url", code="webhooks_disabled")
             await asyncio.to_thread(webhooks.check_url, url, config.webhook_allow_networks)
-        await asyncio.to_thread(self._within_token_cap, key.tenant.id, plan.reserved_tokens)
+        await asyncio.to_thread(self._within_token_cap, key.tenant, plan.reserved_tokens)
         job = await asyncio.to_thread(gw.async_jobs.create, key.tenant.id, key.id, op.path, content,
                                       plan.reserved_tokens, config.async_window_s, url)
         gw.async_runner.wake()
         return JSONResponse(job, status_code=202, headers={
             "location": job["links"]["self"], "preference-applied": "respond-async", "retry-after": "1"})
 
-    def _within_token_cap(self, tenant_id: str, tokens: int) -> None:
+    def _within_token_cap(self, tenant, tokens: int) -> None:
         """Async jobs and batch lines not yet run share the tenant's cap on queued batch tokens."""
-        cap = self.gw.config.tenant_batch_queued_tokens
-        queued = self.gw.async_jobs.queued_tokens(tenant_id) + self.gw.batches.queued_tokens(tenant_id)
+        cap = queued_tokens_cap(self.gw.config, tenant)
+        queued = self.gw.async_jobs.queued_tokens(tenant.id) + self.gw.batches.queued_tokens(tenant.id)
         if queued + tokens > cap:
             raise RateLimitExceeded(
                 f"The job reserves {tokens} tokens and your unfinished batches and jobs {queued}; the limit of "

@@ -134,21 +134,22 @@ class BatchRunner:
                     validate, content, op, lambda o, raw: self.gw.requests.planned(key, o, raw),
                     min(op.max_body_bytes or config.max_body_bytes, config.max_body_bytes), config.batch_max_lines)
                 if not errors:
-                    errors = await asyncio.to_thread(self._within_token_cap, batch, lines)
+                    errors = await asyncio.to_thread(self._within_token_cap, key.tenant, lines)
         if errors:
             await asyncio.to_thread(store.move, batch["id"], "failed", ("validating",), errors=errors)
         else:
             await asyncio.to_thread(store.start, batch["id"], lines)
         return await asyncio.to_thread(self.gw.batches.row, batch["id"])
 
-    def _within_token_cap(self, batch: dict, lines: list[Line]) -> list[dict]:
-        cap, queued = self.gw.config.tenant_batch_queued_tokens, self.gw.batches.queued_tokens(batch["tenant_id"])
+    def _within_token_cap(self, tenant, lines: list[Line]) -> list[dict]:
+        cap = queued_tokens_cap(self.gw.config, tenant)
+        queued = self.gw.batches.queued_tokens(tenant.id) + self.gw.async_jobs.queued_tokens(tenant.id)
         wanted = sum(ln.reserved_tokens for ln in lines)
         if queued + wanted <= cap:
             return []
         return [{"code": "token_limit_exceeded", "line": None, "message":
-                 f"The batch reserves {wanted} tokens and your unfinished batches {queued}; the limit of queued "
-                 f"batch tokens is {cap}. Retry when they have run."}]
+                 f"The batch reserves {wanted} tokens and your unfinished batches and jobs {queued}; the limit of "
+                 f"queued batch tokens is {cap}. Retry when they have run."}]
 
     # in_progress
 
@@ -253,6 +254,11 @@ class BatchRunner:
                     ("\n".join(lines) + "\n").encode(), file_id=prefix + batch_id.removeprefix("batch_"))["id"]
         store.move(batch_id, end, ("finalizing",), **ids)
         log.info("batch %s %s: %d answered, %d errors", batch_id, end, len(output), len(errors))
+
+
+def queued_tokens_cap(config, tenant) -> int:
+    """The most reserved tokens the tenant's batch lines and async jobs not yet run may hold together."""
+    return config.tenant_batch_queued_tokens if tenant.batch_queued_tokens is None else tenant.batch_queued_tokens
 
 
 def lines_at_once(ds, model: str | None, kind: str) -> int:

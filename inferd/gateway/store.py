@@ -17,7 +17,7 @@ from inferd.gateway.tables import api_keys, audit_log, tenants, usage_records
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 TENANT_SETTINGS = ("weight", "priority_class", "default_deadline_ms", "queue_share", "allowed_models",
-                   "budget_usd", "budget_period")
+                   "budget_usd", "budget_period", "batch_queued_tokens")
 
 
 class StoreError(ValueError):
@@ -67,7 +67,7 @@ class Store:
         now = time.time()
         row = {"id": f"ten_{uuid.uuid4().hex[:16]}", "name": name, "created_unix_s": now, "updated_unix_s": now,
                "weight": 1.0, "priority_class": "interactive", "queue_share": 0.5, "budget_period": "month",
-               "default_deadline_ms": None, "allowed_models": None, "budget_usd": None,
+               "default_deadline_ms": None, "allowed_models": None, "budget_usd": None, "batch_queued_tokens": None,
                "limits": Limits.from_dict(limits).to_dict(), "model_limits": _model_limits({}, model_limits)}
         row |= _tenant_settings(settings)
         policy = tenant_policy(row)
@@ -252,7 +252,8 @@ def tenant_policy(row: dict) -> TenantPolicy:
         limits=Limits.from_dict(row["limits"]),
         model_limits={m: Limits.from_dict(v, f"model_limits.{m}") for m, v in (row["model_limits"] or {}).items()},
         allowed_models=tuple(row["allowed_models"]) if row.get("allowed_models") is not None else None,
-        budget_usd=row["budget_usd"], budget_period=row["budget_period"])
+        budget_usd=row["budget_usd"], budget_period=row["budget_period"],
+        batch_queued_tokens=row.get("batch_queued_tokens"))
 
 
 def key_policy(row: dict, tenant: TenantPolicy) -> KeyPolicy:

@@ -18,6 +18,7 @@ tenants = Table(
     Column("allowed_models", JSON),
     Column("budget_usd", Float),
     Column("budget_period", String(8), nullable=False, default="month"),
+    Column("batch_queued_tokens", BigInteger),  # None: the gateway's tenant_batch_queued_tokens
     Column("created_unix_s", Float, nullable=False),
     Column("updated_unix_s", Float, nullable=False),
 )

@@ -135,6 +135,18 @@ def test_the_tenant_cap_on_queued_batch_tokens_counts_jobs(tmp_path):
     assert second.status_code == 429 and second.json()["error"]["code"] == "token_limit_exceeded"
 
 
+def test_a_tenants_own_cap_replaces_the_gateways(tmp_path):
+    gw, key = make_gateway(tmp_path, Replicas(a=ok), [deployment("m", "a")], tenant_batch_queued_tokens=8)
+    gw.store.update_tenant("t", batch_queued_tokens=4)
+    with TestClient(build_gateway_app(gw)) as client:
+        refused = client.post("/v1/chat/completions", json=CHAT, headers=auth(key) | ASYNC)
+        gw.store.update_tenant("t", batch_queued_tokens=100)
+        time.sleep(0.6)  # the key cache holds the tenant's policy 0.5 s
+        taken = [client.post("/v1/chat/completions", json=CHAT, headers=auth(key) | ASYNC) for _ in range(3)]
+    assert refused.status_code == 429 and "limit of queued batch tokens is 4" in refused.json()["error"]["message"]
+    assert [r.status_code for r in taken] == [202] * 3
+
+
 def test_a_gateway_closed_mid_job_hands_it_to_the_next_which_runs_it_once(tmp_path):
     replicas = Replicas(a=slow(0.5))
     gw, key = make_gateway(tmp_path, replicas, [deployment("m", "a")])

@@ -1,5 +1,6 @@
 """asynchronous jobs, their webhook deliveries and the tenants' webhook secret generations; leases on batches
-and batch lines, so that several gateways on one store run each line once
+and batch lines, so that several gateways on one store run each line once; a tenant's own cap on queued batch
+tokens
 
 Revision ID: 0005
 Revises: 0004
@@ -20,6 +21,8 @@ def lease_columns() -> list[sa.Column]:
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("tenants") as batch:
+        batch.add_column(sa.Column("batch_queued_tokens", sa.BigInteger))
     for table in ("batches", "batch_lines"):
         with op.batch_alter_table(table) as batch:
             for column in lease_columns():
@@ -75,3 +78,5 @@ def downgrade() -> None:
         with op.batch_alter_table(table) as batch:
             batch.drop_column("lease_until")
             batch.drop_column("lease_owner")
+    with op.batch_alter_table("tenants") as batch:
+        batch.drop_column("batch_queued_tokens")
