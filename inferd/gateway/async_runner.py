@@ -1,6 +1,8 @@
 """Runs async jobs and delivers their webhooks, from the store, under leases (leases.py).
 
-    run      → a queued job (or one whose gateway's lease lapsed) leased to this gateway, in_progress, through
+    run      → a queued job (or one whose gateway's lease lapsed) leased to this gateway while the batch
+               runner has a slot for its model (batch lines and jobs together hold at most the model's queue
+               capacity: BatchRunner.take_slot), in_progress, through
                the request path as a batch line is (batch_runner.serve_in_process): the job's key, the batch
                class, a deadline at its expiry, priced at the batch multiplier, its usage record naming the job.
                Refused for want of room (429, 503): tried again (after 1 s, doubling to 30 s) until it expires. Any other answer is its
@@ -90,18 +92,29 @@ class AsyncRunner:
                                     async_jobs.c.id.in_(held))
             self._renewed_s = time.monotonic()
         if (room := c.async_max_running - len(self._runs)) > 0:
-            for job in await asyncio.to_thread(store.claim, self.owner, c.lease_s, room, held):
-                self._runs[job["id"]] = asyncio.create_task(self._run(job))
+            jobs = await asyncio.to_thread(store.claim, self.owner, c.lease_s, room, held)
+            for i, job in enumerate(jobs):
+                model, kind = json.loads(job["body"]).get("model"), self._operation(job).kind
+                if not self.gw.batch_runner.take_slot(model, kind):  # no room: the rest go back
+                    await asyncio.to_thread(leases.free, self.gw.store.engine, async_jobs, self.owner,
+                                            async_jobs.c.id.in_([j["id"] for j in jobs[i:]]))
+                    break
+                self._runs[job["id"]] = asyncio.create_task(self._run(job, model))
         if (room := MAX_DELIVERIES_AT_ONCE - len(self._deliveries)) > 0 and self.gw.webhook_secrets.enabled:
             for job in await asyncio.to_thread(store.claim, self.owner, c.lease_s, room, held, True):
                 self._deliveries[job["id"]] = asyncio.create_task(self._deliver(job))
 
     # running
 
-    async def _run(self, job: dict) -> None:
+    def _operation(self, job: dict):
+        return self.gw.batch_runner.operation(job["endpoint"])
+
+    async def _run(self, job: dict, model: str | None) -> None:
         store = self.gw.async_jobs
         try:
             await asyncio.to_thread(store.start, job["id"])
+            if (await asyncio.to_thread(store.statuses, [job["id"]])).get(job["id"]) != "in_progress":
+                return  # cancelled meanwhile
             status, content = await self._answer(job)
             if await asyncio.to_thread(store.finish, job["id"], "completed" if status == 200 else "failed", status,
                                        content):
@@ -114,10 +127,11 @@ class AsyncRunner:
                                     async_jobs.c.id == job["id"])
         finally:
             self._runs.pop(job["id"], None)
+            self.gw.batch_runner.give_slot(model)
 
     async def _answer(self, job: dict) -> tuple[int, bytes]:
         """The job's answer (status, body): the request path's, or why it was not run."""
-        op, wait_s = self.gw.batch_runner.operation(job["endpoint"]), RETRY_S
+        op, wait_s = self._operation(job), RETRY_S
         while True:
             if time.time() >= job["expires_at"]:
                 return _error(DeadlineExceeded("The job was not run before it expired.", code="job_expired"))

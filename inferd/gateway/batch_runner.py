@@ -49,7 +49,7 @@ class BatchRunner:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._driving: dict[str, asyncio.Task] = {}
-        self._running: dict[str, int] = {}  # lines in flight per model, all batches together
+        self._running: dict[str, int] = {}  # lines (and async jobs) in flight per model, all batches together
         self.owner = gateway.config.gateway_id  # whose leases (leases.py)
 
     def operation(self, endpoint: str | None) -> Operation | None:
@@ -60,6 +60,17 @@ class BatchRunner:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def take_slot(self, model: str | None, kind: str) -> bool:
+        """A place for one more batch-class request on the model (batch lines and async jobs together), so that
+        they hold at most its queue's capacity and never fill the queue interactive requests wait in."""
+        if self._running.get(model, 0) >= lines_at_once(self.gw.deployments, model, kind):
+            return False
+        self._running[model] = self._running.get(model, 0) + 1
+        return True
+
+    def give_slot(self, model: str | None) -> None:
+        self._running[model] -= 1
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
@@ -179,12 +190,13 @@ class BatchRunner:
                     continue
                 for line in pending:
                     model = json.loads(line["body"]).get("model")
-                    if self._running.get(model, 0) >= lines_at_once(self.gw.deployments, model, op.kind):
+                    if not self.take_slot(model, op.kind):
                         break
                     after = line["line"]
                     if await asyncio.to_thread(store.claim_line, batch["id"], line["line"], self.owner, lease_s):
-                        self._running[model] = self._running.get(model, 0) + 1
                         running[asyncio.create_task(self._line(batch, key, op, line, model))] = line["line"]
+                    else:
+                        self.give_slot(model)
                 if running:
                     done, _ = await asyncio.wait(running, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
@@ -228,7 +240,7 @@ class BatchRunner:
                                            status, content):
                 log.warning("batch %s line %d already had its result", batch["id"], line["line"])
         finally:
-            self._running[model] -= 1
+            self.give_slot(model)
 
     # finalizing
 

@@ -147,6 +147,19 @@ def test_a_tenants_own_cap_replaces_the_gateways(tmp_path):
     assert [r.status_code for r in taken] == [202] * 3
 
 
+def test_jobs_and_batch_lines_together_hold_at_most_the_models_queue_capacity(tmp_path):
+    gw, key = make_gateway(tmp_path, Replicas(a=slow(0.3)), [deployment("m", "a", inflight=2)])
+    most = 0
+    with TestClient(build_gateway_app(gw)) as client:
+        jobs = [client.post("/v1/chat/completions", json=CHAT, headers=auth(key) | ASYNC).json()["id"]
+                for _ in range(6)]
+        while any(gw.async_jobs.row(None, j)["status"] != "completed" for j in jobs):
+            most = max(most, len(gw.async_runner._runs), gw.deployments.get("m").queue.stats()["batch"].length
+                       + gw.deployments.get("m").queue.inflight)
+            time.sleep(0.02)
+    assert most == 2
+
+
 def test_a_gateway_closed_mid_job_hands_it_to_the_next_which_runs_it_once(tmp_path):
     replicas = Replicas(a=slow(0.5))
     gw, key = make_gateway(tmp_path, replicas, [deployment("m", "a")])
