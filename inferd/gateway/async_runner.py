@@ -2,11 +2,11 @@
 
     run      → a queued job (or one whose gateway's lease lapsed) leased to this gateway while the batch
                runner has a slot for its model (batch lines and jobs together hold at most the model's queue
-               capacity: BatchRunner.take_slot), in_progress, through
-               the request path as a batch line is (batch_runner.serve_in_process): the job's key, the batch
-               class, a deadline at its expiry, priced at the batch multiplier, its usage record naming the job.
-               Refused for want of room (429, 503): tried again (after 1 s, doubling to 30 s) until it expires. Any other answer is its
-               result, written once (AsyncJobStore.finish). A job cancelled meanwhile has its request aborted.
+               capacity: BatchRunner.take_slot); in_progress, through the request path as a batch line is
+               (batch_runner.serve_in_process): the job's key, the batch class, a deadline at its expiry,
+               priced at the batch multiplier, its usage record naming the job. Refused for want of room (429,
+               503): tried again (after 1 s, doubling to 30 s) until it expires. Any other answer is its result,
+               written once (AsyncJobStore.finish). A job cancelled meanwhile has its request aborted.
     deliver  → an ended job whose webhook is due: its object POSTed, signed (webhooks.py), each attempt
                recorded; a failure (no answer, not 2xx, or the URL refused) is tried again after
                webhook_backoff_s, doubling, until webhook_max_attempts.

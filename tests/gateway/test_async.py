@@ -147,7 +147,7 @@ def test_a_tenants_own_cap_replaces_the_gateways(tmp_path):
     assert [r.status_code for r in taken] == [202] * 3
 
 
-def test_jobs_and_batch_lines_together_hold_at_most_the_models_queue_capacity(tmp_path):
+def test_jobs_hold_at_most_the_models_queue_capacity(tmp_path):
     gw, key = make_gateway(tmp_path, Replicas(a=slow(0.3)), [deployment("m", "a", inflight=2)])
     most = 0
     with TestClient(build_gateway_app(gw)) as client:
