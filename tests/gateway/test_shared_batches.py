@@ -25,10 +25,12 @@ DELAY_S = 0.25
 
 
 class Upstream:
-    """Answers each chat completion after DELAY_S; counts the prompts it was sent."""
+    """Answers each chat completion after DELAY_S (an async job's once `release` is set: the ones b runs are
+    still running when b is killed); counts the prompts it was sent."""
 
     def __init__(self):
         self.sent: Counter[str] = Counter()
+        self.release = threading.Event()
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,7 +39,10 @@ class Upstream:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                upstream.sent[body["messages"][0]["content"]] += 1
+                prompt = body["messages"][0]["content"]
+                upstream.sent[prompt] += 1
+                if prompt.startswith("job"):
+                    upstream.release.wait(60)
                 time.sleep(DELAY_S)
                 self._json({"id": "x", "object": "chat.completion", "model": "m", "choices": [
                     {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
@@ -54,7 +59,11 @@ class Upstream:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                pass  # b's connections, cut by its kill
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -63,7 +72,7 @@ def gateway(tmp_path, name: str, db: str, upstream: str) -> tuple[subprocess.Pop
     port, log_path = free_port(), tmp_path / f"{name}.log"
     cmd = [sys.executable, "-m", "inferd.cli", "gateway", "--upstream", upstream, "--model", "m", "--tokenizer",
            str(default_model_path()), "--max-model-len", "512", "--db", db, "--api-key", KEY, "--port", str(port),
-           "--lease-s", "2", "--max-inflight", "2", "--usage-journal", str(tmp_path / f"{name}.journal"),
+           "--lease-s", "2", "--max-inflight", "4", "--usage-journal", str(tmp_path / f"{name}.journal"),
            "--files-dir", str(tmp_path / "files")]
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -86,20 +95,23 @@ def test_two_gateways_share_a_batch_and_take_over_a_killed_ones_lines_and_jobs(t
         a, a_url = gateway(tmp_path, "a", db, upstream.url)
         b, b_url = gateway(tmp_path, "b", db, upstream.url)
         try:
+            jobs = [httpx.post(f"{b_url}/v1/chat/completions", headers={
+                "authorization": f"Bearer {KEY}", "prefer": "respond-async"},
+                json={"messages": [{"role": "user", "content": f"job {i}"}], "max_tokens": 1}).json()["id"]
+                for i in range(2)]
+            while len({r[0] for r in rows(engine, "SELECT lease_owner FROM async_jobs WHERE status = 'in_progress'")
+                       }) != 1 or len(upstream.sent) < 2:  # b runs both (it is woken at once; a polls each second)
+                time.sleep(0.02)
             api = openai.OpenAI(base_url=f"{a_url}/v1", api_key=KEY, max_retries=0)
             f = api.files.create(file=("in.jsonl", content), purpose="batch")
             batch = api.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
             while len(rows(engine, "SELECT DISTINCT gateway_id FROM usage_records WHERE batch_id = :b",
                            b=batch.id)) < 2:  # both gateways have run lines
                 time.sleep(0.1)
-            jobs = [httpx.post(f"{b_url}/v1/chat/completions", headers={
-                "authorization": f"Bearer {KEY}", "prefer": "respond-async"},
-                json={"messages": [{"role": "user", "content": f"job {i}"}], "max_tokens": 1}).json()["id"]
-                for i in range(3)]
-            while not all(r[0] for r in rows(engine, "SELECT lease_owner FROM async_jobs")):  # b runs them
-                time.sleep(0.02)
+            assert [r[0] for r in rows(engine, "SELECT status FROM async_jobs")] == ["in_progress"] * 2
             b.send_signal(signal.SIGKILL)
             b.wait()
+            upstream.release.set()
             done_at_kill = {r[0] for r in rows(engine, "SELECT custom_id FROM batch_lines WHERE batch_id = :b AND "
                                                "state = 'done'", b=batch.id)}
             assert 0 < len(done_at_kill) < LINES
@@ -119,12 +131,14 @@ def test_two_gateways_share_a_batch_and_take_over_a_killed_ones_lines_and_jobs(t
                     proc.terminate()
                     proc.wait(timeout=30)
             engine.dispose()
+            upstream.release.set()
             upstream.server.shutdown()
     assert status.status == "completed" and status.request_counts.completed == LINES
     assert sorted(x["custom_id"] for x in out) == sorted(f"c{i}" for i in range(LINES))
     twice = {prompt for prompt, n in upstream.sent.items() if n > 1 and prompt.startswith("line")}
     assert not {f"line {c[1:]}" for c in done_at_kill} & twice  # a line done before the kill never ran again
-    assert len(twice) <= 2  # only those b had in flight (--max-inflight 2) when it was killed
+    assert len(twice) <= 2  # only those b had in flight (--max-inflight 4, 2 of them jobs) when it was killed
     assert all(upstream.sent[f"line {i}"] >= 1 for i in range(LINES))
-    assert [j["status"] for j in finished] == ["completed"] * 3
+    assert [j["status"] for j in finished] == ["completed"] * 2
+    assert [upstream.sent[f"job {i}"] for i in range(2)] == [2, 2]  # b's, cut by the kill; then a's, once
     assert all(j["response"]["body"]["choices"][0]["message"]["content"] == "ok" for j in finished)
