@@ -88,6 +88,8 @@ def test_a_job_answers_202_and_its_result_is_the_synchronous_body(tmp_path):
     (CHAT, {"x-inferd-webhook-url": "ftp://example.com/x"}, 400, "invalid_webhook_url"),
     (CHAT, {"x-inferd-webhook-url": "http://127.0.0.1:9/hook"}, 400, "webhook_url_refused"),
     (CHAT, {"x-inferd-webhook-url": "http://user:pw@example.com/hook"}, 400, "invalid_webhook_url"),
+    (CHAT, {"x-inferd-webhook-url": "http://localhost:9/hook"}, 400, "webhook_url_refused"),
+    (CHAT, {"x-inferd-webhook-url": "https://169.254.169.254/latest"}, 400, "webhook_url_refused"),
 ])
 def test_bad_input_is_refused_before_the_202_as_the_synchronous_route_refuses_it(tmp_path, body, headers, status,
                                                                                  code):
@@ -145,6 +147,17 @@ def test_a_tenants_own_cap_replaces_the_gateways(tmp_path):
         taken = [client.post("/v1/chat/completions", json=CHAT, headers=auth(key) | ASYNC) for _ in range(3)]
     assert refused.status_code == 429 and "limit of queued batch tokens is 4" in refused.json()["error"]["message"]
     assert [r.status_code for r in taken] == [202] * 3
+
+
+def test_a_job_refused_for_want_of_room_until_its_window_ends_fails_as_expired(tmp_path):
+    async def full(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"message": "busy", "type": "server_error", "code": "busy"}})
+    gw, key = make_gateway(tmp_path, Replicas(a=full), [deployment("m", "a")], async_window_s=2)
+    with TestClient(build_gateway_app(gw)) as client:
+        job = client.post("/v1/chat/completions", json=CHAT, headers=auth(key) | ASYNC).json()
+        done = wait_job(client, key, job["id"])
+    assert done["status"] == "failed" and done["response"]["status_code"] == 504
+    assert done["response"]["body"]["error"]["code"] == "job_expired"
 
 
 def test_jobs_hold_at_most_the_models_queue_capacity(tmp_path):
