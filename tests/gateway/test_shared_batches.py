@@ -21,7 +21,7 @@ from tests.server import ROOT, free_port, wait_ready
 
 KEY = "sk-shared-batches-key"
 LINES = 40
-DELAY_S = 0.25
+DELAY_S = 0.4
 
 
 class Upstream:
@@ -80,6 +80,13 @@ def gateway(tmp_path, name: str, db: str, upstream: str) -> tuple[subprocess.Pop
     return proc, f"http://127.0.0.1:{port}"
 
 
+def until(done, timeout_s: float = 60) -> None:
+    end = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
 def rows(engine, sql: str, **params) -> list:
     with engine.connect() as conn:
         return conn.execute(text(sql), params).all()
@@ -91,42 +98,39 @@ def test_two_gateways_share_a_batch_and_take_over_a_killed_ones_lines_and_jobs(t
         "messages": [{"role": "user", "content": f"line {i}"}], "max_tokens": 1}}).encode() + b"\n"
         for i in range(LINES))
     with postgres_schema() as db:
-        engine = create_engine(db)
-        a, a_url = gateway(tmp_path, "a", db, upstream.url)
-        b, b_url = gateway(tmp_path, "b", db, upstream.url)
+        engine, procs = create_engine(db), []
         try:
+            b, b_url = gateway(tmp_path, "b", db, upstream.url)
+            procs.append(b)
             jobs = [httpx.post(f"{b_url}/v1/chat/completions", headers={
                 "authorization": f"Bearer {KEY}", "prefer": "respond-async"},
                 json={"messages": [{"role": "user", "content": f"job {i}"}], "max_tokens": 1}).json()["id"]
                 for i in range(2)]
-            while len({r[0] for r in rows(engine, "SELECT lease_owner FROM async_jobs WHERE status = 'in_progress'")
-                       }) != 1 or len(upstream.sent) < 2:  # b runs both (it is woken at once; a polls each second)
-                time.sleep(0.02)
+            until(lambda: len(upstream.sent) == 2)  # b runs both jobs (a is not up yet)
+            a, a_url = gateway(tmp_path, "a", db, upstream.url)
+            procs.append(a)
             api = openai.OpenAI(base_url=f"{a_url}/v1", api_key=KEY, max_retries=0)
             f = api.files.create(file=("in.jsonl", content), purpose="batch")
             batch = api.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-            while len(rows(engine, "SELECT DISTINCT gateway_id FROM usage_records WHERE batch_id = :b",
-                           b=batch.id)) < 2:  # both gateways have run lines
-                time.sleep(0.1)
+            until(lambda: len(rows(engine, "SELECT DISTINCT lease_owner FROM batch_lines WHERE batch_id = :b AND "
+                                   "lease_owner IS NOT NULL", b=batch.id)) == 2)  # both gateways run lines now
             assert [r[0] for r in rows(engine, "SELECT status FROM async_jobs")] == ["in_progress"] * 2
             b.send_signal(signal.SIGKILL)
             b.wait()
             upstream.release.set()
             done_at_kill = {r[0] for r in rows(engine, "SELECT custom_id FROM batch_lines WHERE batch_id = :b AND "
                                                "state = 'done'", b=batch.id)}
-            assert 0 < len(done_at_kill) < LINES
-            end = time.monotonic() + 60
-            while (status := api.batches.retrieve(batch.id)).status != "completed" and time.monotonic() < end:
-                time.sleep(0.2)
+            assert len(done_at_kill) < LINES
+            until(lambda: api.batches.retrieve(batch.id).status == "completed")
+            status = api.batches.retrieve(batch.id)
             out = [json.loads(x) for x in api.files.content(status.output_file_id).text.splitlines()]
-            while time.monotonic() < end and any(
-                    httpx.get(f"{a_url}/v1/async/{j}", headers={"authorization": f"Bearer {KEY}"}).json()["status"]
-                    != "completed" for j in jobs):
-                time.sleep(0.2)
-            finished = [httpx.get(f"{a_url}/v1/async/{j}", headers={"authorization": f"Bearer {KEY}"}).json()
-                        for j in jobs]
+
+            def job(job_id: str) -> dict:
+                return httpx.get(f"{a_url}/v1/async/{job_id}", headers={"authorization": f"Bearer {KEY}"}).json()
+            until(lambda: all(job(j)["status"] == "completed" for j in jobs))
+            finished = [job(j) for j in jobs]
         finally:
-            for proc in (a, b):
+            for proc in procs:
                 if proc.poll() is None:
                     proc.terminate()
                     proc.wait(timeout=30)
