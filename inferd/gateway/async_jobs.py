@@ -207,6 +207,10 @@ class AsyncRoutes:
                                      param="webhook_url", code="webhooks_disabled")
             await asyncio.to_thread(webhooks.check_url, url, config.webhook_allow_networks)
         await asyncio.to_thread(self._within_token_cap, key.tenant, plan.reserved_tokens)
+        try:
+            content.decode()
+        except UnicodeDecodeError:  # JSON in UTF-16 or -32: stored as UTF-8
+            content = json.dumps(raw).encode()
         job = await asyncio.to_thread(gw.async_jobs.create, key.tenant.id, key.id, op.path, content,
                                       plan.reserved_tokens, config.async_window_s, url)
         gw.async_runner.wake()
