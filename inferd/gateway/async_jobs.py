@@ -5,6 +5,7 @@
          → 202 {job}, Location: /v1/async/{id}, Preference-Applied: respond-async
     GET  /v1/async/{id}          the job; once ended its `response`: the status and body the synchronous call
                                  would have answered
+    GET  /v1/async               the tenant's jobs, newest first (limit, after: OpenAI's cursor pagination)
     POST /v1/async/{id}/cancel   queued or in_progress → cancelled (a running request is aborted)
 
 The body is checked before the 202 as the synchronous route checks it (its key, size, JSON, fields, model,
@@ -31,6 +32,7 @@ from starlette.routing import Route
 from inferd.gateway import leases, webhooks
 from inferd.gateway.auth import client_address
 from inferd.gateway.batch_runner import queued_tokens_cap
+from inferd.gateway.files import list_page
 from inferd.gateway.kinds import Operation
 from inferd.gateway.tables import async_jobs, webhook_deliveries
 from inferd.protocol import headers
@@ -77,6 +79,11 @@ class AsyncJobStore:
     def get(self, tenant_id: str | None, job_id: str) -> dict:
         """The job object (tenant_id None: whoever's, for the runner and its webhook)."""
         return job_object(self.row(tenant_id, job_id), self.deliveries(job_id))
+
+    def page(self, tenant_id: str, limit: int, after: str | None) -> dict:
+        """The tenant's jobs, newest first (their webhook deliveries left out)."""
+        return list_page(self.engine, select(async_jobs).where(async_jobs.c.tenant_id == tenant_id), async_jobs,
+                         tenant_id, limit, after, lambda row: job_object(row, None))
 
     def deliveries(self, job_id: str) -> list[dict]:
         query = (select(webhook_deliveries).where(webhook_deliveries.c.job_id == job_id)
@@ -157,7 +164,7 @@ class AsyncJobStore:
             return int(conn.execute(query).scalar_one())
 
 
-def job_object(row: dict, deliveries: list[dict]) -> dict:
+def job_object(row: dict, deliveries: list[dict] | None) -> dict:
     response = None
     if row["status_code"] is not None:
         try:
@@ -171,7 +178,8 @@ def job_object(row: dict, deliveries: list[dict]) -> dict:
             "expires_at": row["expires_at"], "response": response,
             "links": {"self": link, "cancel": f"{link}/cancel"},
             "webhook": None if row["webhook_url"] is None else {
-                "url": row["webhook_url"], "state": row["webhook_state"], "deliveries": deliveries}}
+                "url": row["webhook_url"], "state": row["webhook_state"]} | (
+                {} if deliveries is None else {"deliveries": deliveries})}
 
 
 # routes
@@ -181,7 +189,8 @@ class AsyncRoutes:
         self.gw = gateway
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/async/{job_id}", self.get, methods=["GET"]),
+        return [Route("/v1/async", self.listing, methods=["GET"]),
+                Route("/v1/async/{job_id}", self.get, methods=["GET"]),
                 Route("/v1/async/{job_id}/cancel", self.cancel, methods=["POST"])]
 
     async def _key(self, request: Request):
@@ -225,6 +234,14 @@ class AsyncRoutes:
             raise RateLimitExceeded(
                 f"The job reserves {tokens} tokens and your unfinished batches and jobs {queued}; the limit of "
                 f"queued batch tokens is {cap}. Retry when they have run.", code="token_limit_exceeded")
+
+    async def listing(self, request: Request) -> Response:
+        key, q = await self._key(request), request.query_params
+        try:
+            limit = int(q.get("limit", 20))
+        except ValueError:
+            raise InvalidRequest("limit must be a number", param="limit") from None
+        return JSONResponse(await asyncio.to_thread(self.gw.async_jobs.page, key.tenant.id, limit, q.get("after")))
 
     async def get(self, request: Request) -> Response:
         key = await self._key(request)

@@ -124,6 +124,8 @@ def test_another_tenant_gets_404_and_cancel_aborts_a_running_job(tmp_path):
         assert not gw.async_runner._runs
         done = client.get(f"/v1/async/{job['id']}", headers=auth(key)).json()
         again = client.post(f"/v1/async/{job['id']}/cancel", headers=auth(key))
+        mine, theirs = (client.get("/v1/async?limit=5", headers=auth(k)).json() for k in (key, other.key))
+    assert [j["id"] for j in mine["data"]] == [job["id"]] and not mine["has_more"] and theirs["data"] == []
     assert done["status"] == "cancelled" and done["response"] is None and again.status_code == 200
 
 
