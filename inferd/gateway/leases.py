@@ -8,6 +8,8 @@ async job), so that several gateways on one store never run it twice at once.
 A gateway that dies stops renewing; another claims the row once the lease has lapsed. Each is one conditional
 UPDATE, so two gateways racing for a row cannot both win (PostgreSQL re-reads the row it waited for; SQLite
 writes one at a time). A result is still written once whoever holds the lease (the row's own state guards it).
+Lease times are each gateway's own clock (unix s): gateways on several machines need clocks that agree to well
+within lease_s (NTP does).
 """
 import asyncio
 import time
