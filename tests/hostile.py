@@ -99,6 +99,10 @@ class Hostile:
     body: bytes | None
 
 
+ASYNC_VALUES = ["respond-async", "respond-async, wait=5", "http://127.0.0.1:9/h", "http://[::1]:9/h",
+                "https://10.1.2.3/h", "ftp://1.1.1.1/x", "http://u:p@1.1.1.1/"]  # async jobs, webhook URLs
+
+
 def requests(eps: list[Endpoint], models: list[str], good_key: str) -> st.SearchStrategy[Hostile]:
     @st.composite
     def build(draw) -> Hostile:
@@ -115,9 +119,11 @@ def requests(eps: list[Endpoint], models: list[str], good_key: str) -> st.Search
             "application/json", "text/plain", "multipart/form-data", "multipart/form-data; boundary=x",
             "application/x-www-form-urlencoded", "application/msgpack"]))
         for name, value in draw(st.dictionaries(st.sampled_from(["x-request-id", "x-inferd-priority",
-                                                                 "x-inferd-deadline-ms", "x-stainless-x"]),
-                                                st.text(st.characters(min_codepoint=32, max_codepoint=126),
-                                                        max_size=20), max_size=2)).items():
+                                                                 "x-inferd-deadline-ms", "x-stainless-x", "prefer",
+                                                                 "x-inferd-webhook-url"]),
+                                                st.sampled_from(ASYNC_VALUES) | st.text(st.characters(
+                                                    min_codepoint=32, max_codepoint=126), max_size=20),
+                                                max_size=2)).items():
             if value.strip():
                 headers[name] = value.strip()  # what a client may send: no space at either end
         return Hostile(ep, url, headers, draw(bodies(models)))

@@ -47,6 +47,17 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
                    "(default ~/.inferd/files)")
     p.add_argument("--batch-price-multiplier", type=float, default=0.5,
                    help="a batch line costs this share of the model's price (default 0.5)")
+    p.add_argument("--tenant-batch-queued-tokens", type=int, default=20_000_000,
+                   help="reserved tokens of one tenant's batch lines and async jobs not yet run; a batch or "
+                   "job past it is refused: token_limit_exceeded (default 20,000,000)")
+    p.add_argument("--lease-s", type=float, default=10.0, help="a batch line or async job whose gateway stopped "
+                   "renewing its lease is taken over by another after this (default 10 s)")
+    p.add_argument("--webhook-secret-file", default=None, help="the master secret async jobs' webhooks are signed "
+                   "from (each tenant's derived from it; the same file on every gateway of a store); or "
+                   "$INFERD_WEBHOOK_SECRET. Without it no webhooks are sent")
+    p.add_argument("--webhook-allow-network", action="append", default=[], metavar="CIDR",
+                   help="a private network webhooks may call, e.g. 10.0.0.0/8 (repeatable; default: public "
+                   "addresses only)")
     p.add_argument("--router", choices=POLICIES, default="prefix",
                    help="replica choice: prefix-cache affinity against load (default), least_loaded, round_robin")
     p.add_argument("--router-affinity-weight", type=float, default=1.0)
@@ -71,6 +82,8 @@ def _add_tenant_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline-ms", type=int, default=None, help="default deadline of the tenant's requests")
     p.add_argument("--queue-share", type=float, default=None, help="most of a queue one tenant may hold (0-1]")
     p.add_argument("--models", default=None, help="comma-separated models the tenant may use (default: all)")
+    p.add_argument("--batch-queued-tokens", type=int, default=None, help="reserved tokens of the tenant's batch "
+                   "lines and async jobs not yet run (default: the gateway's --tenant-batch-queued-tokens)")
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -95,6 +108,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     tu.add_argument("name")
     _add_tenant_flags(tu)
     tenants.add_parser("list")
+    ws = tenants.add_parser("webhook-secret", help="the tenant's webhook signing secret (derived from the "
+                            "gateway's master secret, never stored); --rotate moves it to a new one")
+    ws.add_argument("name")
+    ws.add_argument("--rotate", action="store_true")
+    ws.add_argument("--webhook-secret-file", default=None, help="the gateways' master secret "
+                    "($INFERD_WEBHOOK_SECRET)")
     usage = commands.add_parser("usage", help="usage and cost per tenant and model for a period")
     usage.add_argument("--since", default=None, help="ISO date/time (UTC) or unix seconds (default: 30 days ago)")
     usage.add_argument("--until", default=None, help="ISO date/time (UTC) or unix seconds (default: now)")
@@ -102,7 +121,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     usage.add_argument("--reconcile", metavar="GATEWAY_URL", default=None,
                        help="compare a running gateway's counters with its records (needs --admin-key)")
     usage.add_argument("--admin-key", default=os.environ.get("INFERD_ADMIN_KEY"))
-    for p in (create, listing, revoke, tc, tu, tenants.choices["list"], usage):
+    for p in (create, listing, revoke, tc, tu, tenants.choices["list"], ws, usage):
         add_db_flag(p)
         p.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
@@ -198,6 +217,8 @@ def _keys(store: Store, args: argparse.Namespace) -> int:
 
 
 def _tenants(store: Store, args: argparse.Namespace) -> int:
+    if args.action == "webhook-secret":
+        return _webhook_secret(store, args)
     if args.action == "list":
         _print([_tenant_row(t) for t in store.tenants()], args.format)
         return 0
@@ -210,6 +231,20 @@ def _tenants(store: Store, args: argparse.Namespace) -> int:
     else:
         t = store.update_tenant(args.name, limits, model_limits, actor=_actor(), **settings)
     _print([_tenant_row(t)], args.format)
+    return 0
+
+
+def _webhook_secret(store: Store, args: argparse.Namespace) -> int:
+    from inferd.control.gateway_setup import webhook_master_secret
+    from inferd.gateway.webhooks import WebhookSecrets
+    secrets = WebhookSecrets(store.engine, webhook_master_secret(args.webhook_secret_file))
+    if not secrets.enabled:
+        raise StoreError("no webhook master secret: pass --webhook-secret-file or set $INFERD_WEBHOOK_SECRET")
+    tenant = store.tenant(args.name)
+    if args.rotate:
+        generation = secrets.rotate(tenant.id)
+        store.record_change(_actor(), "webhook.rotate", args.name, {"generation": generation})
+    _print([{"tenant": args.name} | secrets.shown(tenant.id)], args.format)
     return 0
 
 
@@ -260,7 +295,8 @@ def _models(raw: str | None) -> list[str] | None:
 def _tenant_settings(args: argparse.Namespace) -> dict:
     return {"budget_usd": args.budget_usd, "budget_period": args.budget_period, "weight": args.weight,
             "priority_class": args.priority_class, "default_deadline_ms": args.deadline_ms,
-            "queue_share": args.queue_share, "allowed_models": _models(args.models)}
+            "queue_share": args.queue_share, "allowed_models": _models(args.models),
+            "batch_queued_tokens": args.batch_queued_tokens}
 
 
 def _when(raw: str) -> float:

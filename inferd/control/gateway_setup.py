@@ -1,6 +1,7 @@
 """Building and running a gateway: from flags to a served app (used by `inferd serve` and `inferd gateway`)."""
 import argparse
 import logging
+import os
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.keys import imported_key, lookup_id_of
 from inferd.gateway.limits import MemoryLimiter
 from inferd.gateway.store import Store
+from inferd.gateway.webhooks import check_networks
 from inferd.protocol.policy import MAX_WS_FRAME_BYTES
 from inferd.protocol.slow_clients import ReadDeadlineProtocol
 from inferd.router.router import Router, RouterConfig
@@ -41,7 +43,19 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
         config.usage_journal = Path(args.usage_journal)
     if args.files_dir:
         config.files_dir = Path(args.files_dir)
+    config.lease_s = args.lease_s
+    config.tenant_batch_queued_tokens = args.tenant_batch_queued_tokens
+    config.webhook_master_secret = webhook_master_secret(args.webhook_secret_file)
+    config.webhook_allow_networks = check_networks(tuple(args.webhook_allow_network))
     return config
+
+
+def webhook_master_secret(path: str | None) -> bytes | None:
+    """The file's bytes (stripped), else $INFERD_WEBHOOK_SECRET's; None: no webhooks."""
+    raw = Path(path).read_bytes().strip() if path else os.environ.get("INFERD_WEBHOOK_SECRET", "").encode()
+    if raw and len(raw) < 16:
+        raise ValueError("the webhook master secret must be at least 16 bytes")
+    return raw or None
 
 
 def open_store(config: GatewayConfig, api_key: str | None) -> Store:

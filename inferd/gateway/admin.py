@@ -18,7 +18,7 @@ from inferd.gateway.policy import PolicyError, TenantPolicy
 from inferd.gateway.store import StoreError
 
 TENANT_FIELDS = {"name", "limits", "model_limits", "weight", "priority_class", "default_deadline_ms", "queue_share",
-                 "allowed_models", "budget_usd", "budget_period"}
+                 "allowed_models", "budget_usd", "budget_period", "batch_queued_tokens"}
 KEY_FIELDS = {"tenant", "name", "limits", "allowed_models", "priority_class"}
 
 
@@ -33,6 +33,8 @@ def routes(gateway) -> list[Route]:
     admin = Admin(gateway)
     return [Route("/admin/tenants", admin.tenants, methods=["GET", "POST"]),
             Route("/admin/tenants/{name}", admin.tenant, methods=["GET", "PATCH"]),
+            Route("/admin/tenants/{name}/webhook-secret", admin.webhook_secret, methods=["GET"]),
+            Route("/admin/tenants/{name}/webhook-secret/rotate", admin.webhook_secret, methods=["POST"]),
             Route("/admin/keys", admin.keys, methods=["GET", "POST"]),
             Route("/admin/keys/{key_id}", admin.revoke, methods=["DELETE"]),
             Route("/admin/usage", admin.usage, methods=["GET"]),
@@ -62,6 +64,20 @@ class Admin:
         body = await self._body(request, TENANT_FIELDS - {"name"})
         return JSONResponse(tenant_json(await self._run(self.gw.store.update_tenant, name, **body,
                                                         actor=_actor(request))))
+
+    async def webhook_secret(self, request: Request) -> Response:
+        """The tenant's webhook signing secret (derived, never stored); POST .../rotate moves it to the next."""
+        self._check(request)
+        secrets, name = self.gw.webhook_secrets, request.path_params["name"]
+        if not secrets.enabled:
+            raise InvalidRequest("This gateway has no webhook master secret (--webhook-secret-file).",
+                                 code="webhooks_disabled")
+        tenant = await self._run(self.gw.store.tenant, name)
+        if request.method == "POST":
+            generation = await self._run(secrets.rotate, tenant.id)
+            await self._run(self.gw.store.record_change, _actor(request), "webhook.rotate", name,
+                            {"generation": generation})
+        return JSONResponse({"tenant": name} | await self._run(secrets.shown, tenant.id))
 
     async def keys(self, request: Request) -> Response:
         self._check(request)

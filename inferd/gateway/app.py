@@ -17,6 +17,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from inferd.gateway import admin, classical, embeddings, text
+from inferd.gateway.async_jobs import AsyncJobStore, AsyncRoutes, wants_async
+from inferd.gateway.async_runner import AsyncRunner
 from inferd.gateway.auth import KeyCache, client_address
 from inferd.gateway.batch_runner import BatchRunner
 from inferd.gateway.batches import BatchRoutes, BatchStore
@@ -33,6 +35,7 @@ from inferd.gateway.store import Store
 from inferd.gateway.tokenize import TokenizerRoutes
 from inferd.gateway.transport import UpstreamTransport
 from inferd.gateway.usage import UsageRecord, UsageWriter
+from inferd.gateway.webhooks import WebhookSecrets
 from inferd.protocol.http import RequestContextMiddleware, http_exception_handler
 from inferd.telemetry.gateway_metrics import GatewayMetrics, counter, gauge
 
@@ -81,14 +84,19 @@ class Gateway:
                            config.tenant_files_max_bytes)
         self.batches = BatchStore(store.engine)
         self.batch_runner = BatchRunner(self)
+        self.async_jobs = AsyncJobStore(store.engine)
+        self.webhook_secrets = WebhookSecrets(store.engine, config.webhook_master_secret)
+        self.async_runner = AsyncRunner(self)
 
     async def start(self) -> None:
         await self.usage.start()  # inserts what a killed predecessor journaled before anything is served
         for service in self.services:
             await service.start(self)
         await self.batch_runner.start()  # resumes the store's unfinished batches
+        await self.async_runner.start()  # and its async jobs
 
     async def close(self) -> None:
+        await self.async_runner.close()
         await self.batch_runner.close()
         for service in self.services:
             await service.close()
@@ -130,6 +138,7 @@ class Gateway:
 class GatewayRoutes:
     def __init__(self, gateway: Gateway):
         self.gw = gateway
+        self.async_routes = AsyncRoutes(gateway)
 
     def routes(self) -> list[Route]:
         serving = [Route(op.path, self._serve(op), methods=["POST"])
@@ -139,10 +148,15 @@ class GatewayRoutes:
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/ready", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]), *self.gw.sessions.routes(),
-                *FileRoutes(self.gw).routes(), *BatchRoutes(self.gw).routes()] + admin.routes(self.gw)
+                *FileRoutes(self.gw).routes(), *BatchRoutes(self.gw).routes(),
+                *self.async_routes.routes()] + admin.routes(self.gw)
 
     def _serve(self, op: Operation):
+        can_wait = self.gw.batch_runner.operation(op.path) is not None  # what batches take, async jobs take
+
         async def endpoint(request: Request) -> Response:
+            if can_wait and wants_async(request):
+                return await self.async_routes.submit(request, op)
             return await self.gw.requests.serve(request, op)
         return endpoint
 

@@ -12,9 +12,10 @@
                  written; the batch completed, expired or cancelled.
 
 Everything is read back from the store, so a gateway killed at any point resumes its batches when it starts
-again: completed lines keep their results, a line that was running when it died is run again. One gateway
-runs a store's batches (several gateways on one PostgreSQL would each run them; lines would still be
-written once, but could run twice).
+again: completed lines keep their results, a line that was running when it died is run again. Several gateways
+on one store share the work under leases (leases.py): a line runs only on the gateway that leased it, a
+batch is validated and finalized by one gateway at a time; a dead gateway's leases lapse after lease_s and
+another takes its lines over (a restarted gateway is another: it waits out its predecessor's leases too).
 """
 import asyncio
 import json
@@ -25,7 +26,9 @@ import uuid
 from starlette.requests import Request
 
 from inferd.gateway import embeddings, text
-from inferd.gateway.batches import ACTIVE, Line, validate
+from inferd.gateway import leases
+from inferd.gateway.batches import Line, validate
+from inferd.gateway.tables import batch_lines, batches
 from inferd.gateway.kinds import Operation
 from inferd.protocol import headers
 from inferd.protocol.errors import APIError, error_body, to_api_error
@@ -36,6 +39,7 @@ POLL_S = 1.0  # how often the runner looks for new, cancelled or expired work
 RETRY_S = 1.0  # before a line refused for want of room is tried again
 UNLIMITED_LINES = 64  # lines at once for a model that has no deployment of its own name (an alias)
 ROOM = (429, 503)  # refusals that a later try may not meet
+ENDING = ("in_progress", "cancelling", "finalizing")  # the statuses finalizing starts from or resumes
 
 
 class BatchRunner:
@@ -45,7 +49,8 @@ class BatchRunner:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._driving: dict[str, asyncio.Task] = {}
-        self._running: dict[str, int] = {}  # lines in flight per model, all batches together
+        self._running: dict[str, int] = {}  # lines (and async jobs) in flight per model, all batches together
+        self.owner = gateway.config.gateway_id  # whose leases (leases.py)
 
     def operation(self, endpoint: str | None) -> Operation | None:
         return self.operations.get(endpoint)
@@ -55,6 +60,17 @@ class BatchRunner:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def take_slot(self, model: str | None, kind: str) -> bool:
+        """A place for one more batch-class request on the model (batch lines and async jobs together), so that
+        they hold at most its queue's capacity and never fill the queue interactive requests wait in."""
+        if self._running.get(model, 0) >= lines_at_once(self.gw.deployments, model, kind):
+            return False
+        self._running[model] = self._running.get(model, 0) + 1
+        return True
+
+    def give_slot(self, model: str | None) -> None:
+        self._running[model] -= 1
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
@@ -84,11 +100,16 @@ class BatchRunner:
         try:
             batch = await asyncio.to_thread(self.gw.batches.row, batch_id)
             if batch["status"] == "validating":
-                batch = await self._validate(batch)
+                async with self._holding(batch_id, ("validating",)) as held:
+                    if not held:
+                        return  # another gateway validates it
+                    batch = await self._validate(batch)
             if batch["status"] in ("in_progress", "cancelling"):
                 await self._run_lines(batch)
-            if (await asyncio.to_thread(self.gw.batches.row, batch_id))["status"] in ACTIVE:
-                await asyncio.to_thread(self._finalize, batch_id)
+            if (await asyncio.to_thread(self.gw.batches.row, batch_id))["status"] in ENDING:
+                async with self._holding(batch_id, ENDING) as held:
+                    if held:
+                        await asyncio.to_thread(self._finalize, batch_id)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -96,6 +117,11 @@ class BatchRunner:
             await asyncio.sleep(POLL_S)
         finally:
             self._driving.pop(batch_id, None)
+
+    def _holding(self, batch_id: str, statuses: tuple[str, ...]):
+        """The batch's lease while it is one of statuses (validating, finalizing: one gateway at a time)."""
+        return leases.holding(self.gw.store.engine, batches, self.owner, self.gw.config.lease_s,
+                              batches.c.id == batch_id, batches.c.status.in_(statuses))
 
     async def _key(self, batch: dict):
         found = await asyncio.to_thread(self.gw.store.find_key, batch["key_id"].removeprefix("key_"))
@@ -119,103 +145,102 @@ class BatchRunner:
                     validate, content, op, lambda o, raw: self.gw.requests.planned(key, o, raw),
                     min(op.max_body_bytes or config.max_body_bytes, config.max_body_bytes), config.batch_max_lines)
                 if not errors:
-                    errors = await asyncio.to_thread(self._within_token_cap, batch, lines)
+                    errors = await asyncio.to_thread(self._within_token_cap, key.tenant, lines)
         if errors:
             await asyncio.to_thread(store.move, batch["id"], "failed", ("validating",), errors=errors)
         else:
             await asyncio.to_thread(store.start, batch["id"], lines)
         return await asyncio.to_thread(self.gw.batches.row, batch["id"])
 
-    def _within_token_cap(self, batch: dict, lines: list[Line]) -> list[dict]:
-        cap, queued = self.gw.config.tenant_batch_queued_tokens, self.gw.batches.queued_tokens(batch["tenant_id"])
+    def _within_token_cap(self, tenant, lines: list[Line]) -> list[dict]:
+        cap = queued_tokens_cap(self.gw.config, tenant)
+        queued = self.gw.batches.queued_tokens(tenant.id) + self.gw.async_jobs.queued_tokens(tenant.id)
         wanted = sum(ln.reserved_tokens for ln in lines)
         if queued + wanted <= cap:
             return []
         return [{"code": "token_limit_exceeded", "line": None, "message":
-                 f"The batch reserves {wanted} tokens and your unfinished batches {queued}; the limit of queued "
-                 f"batch tokens is {cap}. Retry when they have run."}]
+                 f"The batch reserves {wanted} tokens and your unfinished batches and jobs {queued}; the limit of "
+                 f"queued batch tokens is {cap}. Retry when they have run."}]
 
     # in_progress
 
     async def _run_lines(self, batch: dict) -> None:
-        """Start pending lines while there is room, until none is left, the batch is cancelled or expires."""
+        """Start pending lines while there is room, until none is left, the batch is cancelled or expires. Each
+        line is leased to this gateway before it starts and while it runs (another gateway runs the others)."""
         op, running, after = self.operations[batch["endpoint"]], {}, 0  # running: task -> its line
-        key, key_read_s = await self._key(batch), time.monotonic()
-        while True:
-            status = (await asyncio.to_thread(self.gw.batches.row, batch["id"]))["status"]
-            expired = time.time() >= batch["expires_at"]
-            if status != "in_progress" or expired or key is None:
-                if expired or key is None:
-                    for task in running:
-                        task.cancel()
-                await asyncio.gather(*running, return_exceptions=True)
-                if key is None:
-                    await asyncio.to_thread(self.gw.batches.move, batch["id"], "cancelling", ("in_progress",))
-                return
-            pending = [ln for ln in await asyncio.to_thread(self.gw.batches.pending, batch["id"], after, 64)
-                       if ln["line"] not in running.values()]
-            if not pending and after:
-                after = 0  # lines refused for want of room are tried again, from the start
-            elif not pending and not running:
-                return
-            for line in pending:
-                model = json.loads(line["body"]).get("model")
-                if self._running.get(model, 0) >= self._cap(model, op.kind):
-                    break
-                self._running[model] = self._running.get(model, 0) + 1
-                running[asyncio.create_task(self._line(batch, key, op, line, model))] = line["line"]
-                after = line["line"]
-            if running:
-                done, _ = await asyncio.wait(running, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    del running[task]
-            elif pending or not after:
-                await asyncio.sleep(RETRY_S)
-            if time.monotonic() - key_read_s > POLL_S * 10:
-                key, key_read_s = await self._key(batch), time.monotonic()
+        store, lease_s = self.gw.batches, self.gw.config.lease_s
+        key, key_read_s, renewed_s = await self._key(batch), time.monotonic(), time.monotonic()
+        try:
+            while True:
+                status = (await asyncio.to_thread(store.row, batch["id"]))["status"]
+                expired = time.time() >= batch["expires_at"]
+                if status != "in_progress" or expired or key is None:
+                    await self._stop_lines(batch, running, cancel=expired or key is None)
+                    if key is None:
+                        await asyncio.to_thread(store.move, batch["id"], "cancelling", ("in_progress",))
+                    return
+                pending = [ln for ln in await asyncio.to_thread(store.pending, batch["id"], after, 64)
+                           if ln["line"] not in running.values()]
+                if not pending and after:
+                    after = 0  # lines refused for want of room are tried again, from the start
+                elif not pending and not running:
+                    if not await asyncio.to_thread(store.pending_left, batch["id"]):
+                        return
+                    await asyncio.sleep(RETRY_S)  # the rest are other gateways' (or lapse to us)
+                    continue
+                for line in pending:
+                    model = json.loads(line["body"]).get("model")
+                    if not self.take_slot(model, op.kind):
+                        break
+                    after = line["line"]
+                    if await asyncio.to_thread(store.claim_line, batch["id"], line["line"], self.owner, lease_s):
+                        running[asyncio.create_task(self._line(batch, key, op, line, model))] = line["line"]
+                    else:
+                        self.give_slot(model)
+                if running:
+                    done, _ = await asyncio.wait(running, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        del running[task]
+                elif pending or not after:
+                    await asyncio.sleep(RETRY_S)
+                if running and time.monotonic() - renewed_s > lease_s / 3:
+                    await asyncio.to_thread(leases.renew, store.engine, batch_lines, self.owner, lease_s,
+                                            batch_lines.c.batch_id == batch["id"],
+                                            batch_lines.c.line.in_(list(running.values())))
+                    renewed_s = time.monotonic()
+                if time.monotonic() - key_read_s > POLL_S * 10:
+                    key, key_read_s = await self._key(batch), time.monotonic()
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.shield(asyncio.to_thread(leases.free, store.engine, batch_lines, self.owner,
+                                                   batch_lines.c.batch_id == batch["id"]))
 
-    def _cap(self, model: str | None, kind: str) -> int:
-        """Lines at once for the model: its queue's capacity, so that each waits at most for one to end."""
-        ds = self.gw.deployments
-        d = ds.get(model or ds.defaults.get(kind, ""))
-        return max(d.queue.max_inflight, 1) if d is not None else UNLIMITED_LINES
+    async def _stop_lines(self, batch: dict, running: dict, cancel: bool) -> None:
+        """Ours end (cancelled, or let finish); then those other gateways run, before the batch is finalized."""
+        if cancel:
+            for task in running:
+                task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        running.clear()
+        while await asyncio.to_thread(self.gw.batches.pending_left, batch["id"], self.owner):
+            await asyncio.sleep(POLL_S)
 
     async def _line(self, batch: dict, key, op: Operation, line: dict, model: str | None) -> None:
         request_id = f"{batch['id']}-{line['line']}"
         try:
-            status, content = await self._serve(batch, key, op, line["body"].encode(), request_id)
-            if status in ROOM:
-                await asyncio.sleep(RETRY_S)  # stays pending: tried again
+            status, content = await serve_in_process(self.gw, op, key, line["body"].encode(), request_id,
+                                                     batch["expires_at"], batch["id"])
+            if status in ROOM:  # stays pending: tried again, here or by a gateway with room
+                await asyncio.to_thread(leases.free, self.gw.batches.engine, batch_lines, self.owner,
+                                        batch_lines.c.batch_id == batch["id"], batch_lines.c.line == line["line"])
+                await asyncio.sleep(RETRY_S)
                 return
             if not await asyncio.to_thread(self.gw.batches.finish_line, batch["id"], line["line"], request_id,
                                            status, content):
                 log.warning("batch %s line %d already had its result", batch["id"], line["line"])
         finally:
-            self._running[model] -= 1
-
-    async def _serve(self, batch: dict, key, op: Operation, body: bytes, request_id: str) -> tuple[int, bytes]:
-        """The line through the request path as an in-process request; its status and body."""
-        left_ms = max(int((batch["expires_at"] - time.time()) * 1000), 1)
-        scope = {"type": "http", "method": "POST", "path": op.path, "query_string": b"", "path_params": {},
-                 "client": None, "headers": [(b"content-type", b"application/json"),
-                                             (headers.PRIORITY.encode(), b"batch"),
-                                             (headers.DEADLINE_MS.encode(), str(left_ms).encode())],
-                 "state": {"request_id": request_id, "arrival_s": time.monotonic()}}
-        sent = False
-
-        async def receive() -> dict:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()  # no client to go away: only cancelling the line ends it
-
-        try:
-            response = await self.gw.requests.serve(Request(scope, receive), op, key=key, batch_id=batch["id"])
-        except APIError as exc:
-            err = to_api_error(exc)
-            return err.status, json.dumps(error_body(err)).encode()
-        return response.status_code, bytes(response.body)
+            self.give_slot(model)
 
     # finalizing
 
@@ -241,6 +266,44 @@ class BatchRunner:
                     ("\n".join(lines) + "\n").encode(), file_id=prefix + batch_id.removeprefix("batch_"))["id"]
         store.move(batch_id, end, ("finalizing",), **ids)
         log.info("batch %s %s: %d answered, %d errors", batch_id, end, len(output), len(errors))
+
+
+def queued_tokens_cap(config, tenant) -> int:
+    """The most reserved tokens the tenant's batch lines and async jobs not yet run may hold together."""
+    return config.tenant_batch_queued_tokens if tenant.batch_queued_tokens is None else tenant.batch_queued_tokens
+
+
+def lines_at_once(ds, model: str | None, kind: str) -> int:
+    """Lines (or jobs) at once for the model: its queue's capacity, so that each waits at most for one to end."""
+    d = ds.get(model or ds.defaults.get(kind, ""))
+    return max(d.queue.max_inflight, 1) if d is not None else UNLIMITED_LINES
+
+
+async def serve_in_process(gw, op: Operation, key, body: bytes, request_id: str, expires_at: float,
+                           batch_id: str) -> tuple[int, bytes]:
+    """body through the request path as an in-process request of the batch class, with a deadline at
+    expires_at (unix s); its status and body. batch_id: the batch (or async job) its usage records name."""
+    left_ms = max(int((expires_at - time.time()) * 1000), 1)
+    scope = {"type": "http", "method": "POST", "path": op.path, "query_string": b"", "path_params": {},
+             "client": None, "headers": [(b"content-type", b"application/json"),
+                                         (headers.PRIORITY.encode(), b"batch"),
+                                         (headers.DEADLINE_MS.encode(), str(left_ms).encode())],
+             "state": {"request_id": request_id, "arrival_s": time.monotonic()}}
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # no client to go away: only cancelling the task ends it
+
+    try:
+        response = await gw.requests.serve(Request(scope, receive), op, key=key, batch_id=batch_id)
+    except APIError as exc:
+        err = to_api_error(exc)
+        return err.status, json.dumps(error_body(err)).encode()
+    return response.status_code, bytes(response.body)
 
 
 def _output_line(line: dict) -> dict:

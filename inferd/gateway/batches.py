@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from inferd.gateway import leases
 from inferd.gateway.auth import client_address
 from inferd.gateway.files import list_page
 from inferd.gateway.kinds import Operation
@@ -119,11 +120,26 @@ class BatchStore:
                                                   .order_by(batches.c.seq)).mappings()]
 
     def pending(self, batch_id: str, after_line: int, limit: int) -> list[dict]:
+        """Pending lines no gateway holds (leases.py), after after_line."""
         query = (select(batch_lines.c.line, batch_lines.c.custom_id, batch_lines.c.body)
                  .where(batch_lines.c.batch_id == batch_id, batch_lines.c.state == "pending",
-                        batch_lines.c.line > after_line).order_by(batch_lines.c.line).limit(limit))
+                        batch_lines.c.line > after_line, leases.free_or_lapsed(batch_lines, time.time()))
+                 .order_by(batch_lines.c.line).limit(limit))
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
+
+    def claim_line(self, batch_id: str, line: int, owner: str, lease_s: float) -> bool:
+        return leases.claim(self.engine, batch_lines, owner, lease_s, batch_lines.c.batch_id == batch_id,
+                            batch_lines.c.line == line, batch_lines.c.state == "pending")
+
+    def pending_left(self, batch_id: str, besides_owner: str | None = None) -> int:
+        """Lines still pending (besides_owner: only those another gateway holds a live lease on)."""
+        c = batch_lines.c
+        query = select(func.count()).where(c.batch_id == batch_id, c.state == "pending")
+        if besides_owner is not None:
+            query = query.where(c.lease_until >= time.time(), c.lease_owner != besides_owner)
+        with self.engine.connect() as conn:
+            return conn.execute(query).scalar_one()
 
     def finish_line(self, batch_id: str, line: int, request_id: str, status_code: int, response: bytes) -> bool:
         """The line's result, once: False if it already had one."""
@@ -131,7 +147,8 @@ class BatchStore:
             done = conn.execute(update(batch_lines).where(batch_lines.c.batch_id == batch_id,
                                                           batch_lines.c.line == line, batch_lines.c.state == "pending")
                                 .values(state="done", request_id=request_id, status_code=status_code,
-                                        response=response.decode(errors="replace"), ended_at=int(time.time())))
+                                        response=response.decode(errors="replace"), ended_at=int(time.time()),
+                                        lease_owner=None, lease_until=None))
         return done.rowcount == 1
 
     def end_pending(self, batch_id: str, state: str) -> int:

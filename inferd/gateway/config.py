@@ -54,7 +54,18 @@ class GatewayConfig:
     tenant_files_max_bytes: int = 2 * 2**30  # all of a tenant's files together
     batch_price_multiplier: float = 0.5  # a batch line costs this share of the model's price
     batch_max_lines: int = 50_000
-    tenant_batch_queued_tokens: int = 20_000_000  # reserved tokens of a tenant's unfinished batch lines
+    tenant_batch_queued_tokens: int = 20_000_000  # reserved tokens of a tenant's unfinished batch lines and jobs
+    lease_s: float = 10.0  # a batch line or async job is another gateway's to take this long after its own stops
+    # async jobs and their webhooks (async_jobs.py, async_runner.py, webhooks.py)
+    async_window_s: int = 24 * 3600  # a job not answered by then fails as job_expired
+    async_max_running: int = 64  # jobs at once on this gateway (each still waits for admission)
+    webhook_master_secret: bytes | None = field(default=None, repr=False)  # tenants' secrets derive from it
+    webhook_allow_networks: tuple[str, ...] = ()  # private networks webhooks may call (CIDR), e.g. 10.0.0.0/8
+    webhook_timeout_s: float = 10.0  # one delivery attempt
+    webhook_max_attempts: int = 8
+    webhook_backoff_s: float = 2.0  # after the first failed attempt; doubling
+    webhook_backoff_max_s: float = 600.0
+    webhook_rotation_grace_s: float = 24 * 3600  # after a rotation, deliveries are signed with the old secret too
 
     def price(self, model: str) -> ModelPrice:
         return self.prices.get(model) or self.prices.get("*") or ModelPrice()

@@ -54,6 +54,7 @@ class TenantPolicy:
     allowed_models: tuple[str, ...] | None = None
     budget_usd: float | None = None
     budget_period: str = "month"
+    batch_queued_tokens: int | None = None  # its batch lines' and async jobs' not yet run (None: the gateway's)
 
     def __post_init__(self):
         check_priority_class(self.priority_class, "priority_class")
@@ -63,6 +64,8 @@ class TenantPolicy:
             raise PolicyError(f"queue_share: must be in (0, 1], got {self.queue_share}")
         if self.budget_period not in BUDGET_PERIODS:
             raise PolicyError(f"budget_period: must be one of {', '.join(BUDGET_PERIODS)}")
+        if self.batch_queued_tokens is not None and self.batch_queued_tokens < 0:
+            raise PolicyError(f"batch_queued_tokens: must be at least 0, got {self.batch_queued_tokens}")
         if self.budget_usd is not None and self.budget_usd < 0:
             raise PolicyError(f"budget_usd: must be at least 0, got {self.budget_usd}")
         if self.default_deadline_ms is not None and self.default_deadline_ms < 1:

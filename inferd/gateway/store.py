@@ -17,7 +17,7 @@ from inferd.gateway.tables import api_keys, audit_log, tenants, usage_records
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 TENANT_SETTINGS = ("weight", "priority_class", "default_deadline_ms", "queue_share", "allowed_models",
-                   "budget_usd", "budget_period")
+                   "budget_usd", "budget_period", "batch_queued_tokens")
 
 
 class StoreError(ValueError):
@@ -67,7 +67,7 @@ class Store:
         now = time.time()
         row = {"id": f"ten_{uuid.uuid4().hex[:16]}", "name": name, "created_unix_s": now, "updated_unix_s": now,
                "weight": 1.0, "priority_class": "interactive", "queue_share": 0.5, "budget_period": "month",
-               "default_deadline_ms": None, "allowed_models": None, "budget_usd": None,
+               "default_deadline_ms": None, "allowed_models": None, "budget_usd": None, "batch_queued_tokens": None,
                "limits": Limits.from_dict(limits).to_dict(), "model_limits": _model_limits({}, model_limits)}
         row |= _tenant_settings(settings)
         policy = tenant_policy(row)
@@ -186,9 +186,11 @@ class Store:
 
     def usage_summary(self, since_unix_s: float, until_unix_s: float, tenant_name: str | None = None,
                       gateway_id: str | None = None) -> list[dict]:
-        """Per tenant, model and spend ("batch": batch lines, at the batch price; else "interactive")."""
+        """Per tenant, model and spend ("batch": batch lines, "async": async jobs, both at the batch price; else
+        "interactive")."""
         u = usage_records
-        spend = case((u.c.batch_id.is_(None), "interactive"), else_="batch").label("spend")
+        spend = case((u.c.batch_id.is_(None), "interactive"), (u.c.batch_id.like("async_%"), "async"),
+                     else_="batch").label("spend")
         query = (select(func.coalesce(tenants.c.name, u.c.tenant_id).label("tenant"), u.c.model, spend,
                         func.count().label("requests"),
                         *(func.sum(_status_is(u, s)).label(s) for s in STATUSES),
@@ -250,7 +252,8 @@ def tenant_policy(row: dict) -> TenantPolicy:
         limits=Limits.from_dict(row["limits"]),
         model_limits={m: Limits.from_dict(v, f"model_limits.{m}") for m, v in (row["model_limits"] or {}).items()},
         allowed_models=tuple(row["allowed_models"]) if row.get("allowed_models") is not None else None,
-        budget_usd=row["budget_usd"], budget_period=row["budget_period"])
+        budget_usd=row["budget_usd"], budget_period=row["budget_period"],
+        batch_queued_tokens=row.get("batch_queued_tokens"))
 
 
 def key_policy(row: dict, tenant: TenantPolicy) -> KeyPolicy:

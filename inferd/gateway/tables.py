@@ -18,6 +18,7 @@ tenants = Table(
     Column("allowed_models", JSON),
     Column("budget_usd", Float),
     Column("budget_period", String(8), nullable=False, default="month"),
+    Column("batch_queued_tokens", BigInteger),  # None: the gateway's tenant_batch_queued_tokens
     Column("created_unix_s", Float, nullable=False),
     Column("updated_unix_s", Float, nullable=False),
 )
@@ -95,6 +96,8 @@ batches = Table(
     Column("error_file_id", String(40)),
     *(Column(f"{t}_at", Integer) for t in ("created", "in_progress", "expires", "finalizing", "completed",
                                            "failed", "expired", "cancelling", "cancelled")),
+    Column("lease_owner", String(64)),  # the gateway validating or finalizing it (leases.py)
+    Column("lease_until", Float),
     Index("ix_batches_tenant_seq", "tenant_id", "seq"),
     Index("ix_batches_status", "status"),
 )
@@ -111,6 +114,8 @@ batch_lines = Table(  # one per input line; its result written once (state pendi
     Column("status_code", Integer),
     Column("response", Text),  # the answer's body (JSON), or the error's
     Column("ended_at", Integer),
+    Column("lease_owner", String(64)),  # the gateway running the line (leases.py)
+    Column("lease_until", Float),
     Index("ix_batch_lines_state", "batch_id", "state"),
 )
 
@@ -143,4 +148,49 @@ audit_log = Table(
     Column("action", String(32), nullable=False),  # tenant.create, tenant.update, key.create, key.revoke
     Column("target", String(128), nullable=False),  # the tenant's name or the key's id
     Column("detail", JSON),  # the settings changed (never a key itself)
+)
+
+# Asynchronous single requests (gateway/async_jobs.py): one row per job, its result written once.
+async_jobs = Table(
+    "async_jobs", metadata,
+    Column("seq", BigId, primary_key=True, autoincrement=True),
+    Column("id", String(40), nullable=False, unique=True),
+    Column("tenant_id", String(40), nullable=False),
+    Column("key_id", String(40), nullable=False),  # the job runs as this key (its limits, its models)
+    Column("endpoint", String(64), nullable=False),
+    Column("body", Text, nullable=False),  # the request's body as the client sent it
+    Column("reserved_tokens", BigInteger, nullable=False),
+    Column("status", String(16), nullable=False),  # queued, in_progress, completed, failed, cancelled
+    Column("webhook_url", Text),
+    Column("created_at", Integer, nullable=False),
+    Column("expires_at", Integer, nullable=False),
+    Column("started_at", Integer),
+    Column("ended_at", Integer),
+    Column("status_code", Integer),  # the answer's HTTP status
+    Column("response", Text),  # the answer's body (JSON), or the error's
+    Column("lease_owner", String(64)),  # the gateway running it (leases.py)
+    Column("lease_until", Float),
+    Column("webhook_state", String(16)),  # pending, delivered, failed (None: no webhook)
+    Column("webhook_next_at", Float),  # the next delivery attempt (unix s)
+    Index("ix_async_jobs_tenant_seq", "tenant_id", "seq"),
+    Index("ix_async_jobs_status", "status"),
+    Index("ix_async_jobs_webhook", "webhook_state"),
+)
+
+webhook_deliveries = Table(  # every attempt to deliver a job's result to its webhook
+    "webhook_deliveries", metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("job_id", String(40), ForeignKey("async_jobs.id"), nullable=False, index=True),
+    Column("attempt", Integer, nullable=False),
+    Column("at_unix_s", Float, nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("status_code", Integer),  # None: no answer (the error says why)
+    Column("error", String(256)),
+)
+
+webhook_secrets = Table(  # no secret here: a tenant's is HMAC(master, tenant id, generation) (webhooks.py)
+    "webhook_secrets", metadata,
+    Column("tenant_id", String(40), primary_key=True),
+    Column("generation", Integer, nullable=False),
+    Column("rotated_at", Integer, nullable=False),
 )

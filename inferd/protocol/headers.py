@@ -13,6 +13,8 @@ USAGE_EVENTS = "x-inferd-usage-events"  # gateway -> replica: "1" asks for usage
 USAGE = "x-inferd-usage"  # replica -> gateway: a unary answer's usage object (JSON), so its body is not parsed
 FALLBACK = "x-inferd-fallback"  # gateway -> client: "a->b" when a fallback deployment answered
 DEGRADED = "x-inferd-degraded"  # gateway -> client: the degradation steps applied
+ASYNC = "x-inferd-async"  # client -> gateway: "1" answers 202 with a job, as `Prefer: respond-async` does
+WEBHOOK_URL = "x-inferd-webhook-url"  # client -> gateway: where an async job's result is POSTed, signed
 
 USAGE_PREFIX = b": usage "  # an SSE comment holding the usage so far; clients ignore comments
 

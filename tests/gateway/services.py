@@ -50,8 +50,27 @@ def postgres_url() -> str:
         _missing("PostgreSQL (INFERD_TEST_POSTGRES_URL)")
     engine = create_engine(url)
     with engine.begin() as conn:
-        for table in ("batch_lines", "batches", "files", "usage_records", "usage_daily", "audit_log", "api_keys",
-                      "tenants", "alembic_version"):
+        for table in ("webhook_deliveries", "webhook_secrets", "async_jobs", "batch_lines", "batches", "files",
+                      "usage_records", "usage_daily", "audit_log", "api_keys", "tenants", "alembic_version"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
     engine.dispose()
     return url
+
+
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A URL of the test PostgreSQL whose tables live in a new schema of their own (dropped at the end), so a
+    test's gateways share a store that no other test's cleanup touches."""
+    url = os.environ.get("INFERD_TEST_POSTGRES_URL")
+    if not url:
+        _missing("PostgreSQL (INFERD_TEST_POSTGRES_URL)")
+    schema = f"t_{os.getpid()}_{time.monotonic_ns()}"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    try:
+        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        engine.dispose()

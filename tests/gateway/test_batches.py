@@ -165,6 +165,17 @@ def test_the_tenant_cap_on_queued_batch_tokens(tmp_path):
         done = wait_ended(api, api.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                                                   completion_window="24h").id)
     assert done.status == "failed" and [e.code for e in done.errors.data] == ["token_limit_exceeded"]
+    own = tmp_path / "own"
+    own.mkdir()
+    gw, key = make_gateway(own, Replicas(a=ok), [deployment("m", "a")], files_dir=own / "files",
+                           tenant_batch_queued_tokens=20)
+    gw.store.update_tenant("t", batch_queued_tokens=30)  # the tenant's own cap replaces the gateway's
+    with TestClient(build_gateway_app(gw)) as client:
+        api = sdk(client, key)
+        f = api.files.create(file=("in.jsonl", jsonl([line(i) for i in range(5)])), purpose="batch")
+        done = wait_ended(api, api.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                                  completion_window="24h").id)
+    assert done.status == "completed"
 
 
 def test_a_new_gateway_on_the_same_store_resumes_without_rerunning_lines(tmp_path):

@@ -1,10 +1,14 @@
-"""Batches against a real `inferd serve` (SmolLM2): the official openai SDK unchanged, and a server killed
-with SIGKILL mid-batch that resumes on the same store without losing or rerunning a completed line."""
+"""Batches and async jobs against a real `inferd serve` (SmolLM2): the official openai SDK unchanged, async chat
+and embeddings answered with the bodies the SDK parses, and a server killed with SIGKILL mid-batch that resumes
+on the same store without losing or rerunning a completed line."""
 import json
 import signal
 import time
 
+import httpx
 import openai
+from openai.types import CreateEmbeddingResponse
+from openai.types.chat import ChatCompletion
 from sqlalchemy import create_engine, text
 
 from inferd.models.loader import default_model_path
@@ -44,10 +48,33 @@ def test_the_openai_sdk_runs_a_batch_unchanged(smollm2_server):
                for x in out)
 
 
+def test_async_chat_and_embeddings_answer_what_the_sdk_parses(smollm2_server):
+    url, _ = smollm2_server
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key=SMOLLM2_KEY)
+    prefer = {"Prefer": "respond-async"}
+    chat = api.chat.completions.with_raw_response.create(
+        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        extra_headers=prefer)
+    embed = api.embeddings.with_raw_response.create(model="all-MiniLM-L6-v2", input=["a", "b"],
+                                                    encoding_format="float", extra_headers=prefer)
+    bodies = []
+    for raw in (chat, embed):
+        assert raw.status_code == 202 and raw.headers["location"].startswith("/v1/async/async_")
+        end = time.monotonic() + 60
+        while (job := httpx.get(url + raw.headers["location"], headers={
+                "authorization": f"Bearer {SMOLLM2_KEY}"}).json())["status"] != "completed":
+            assert job["status"] in ("queued", "in_progress") and time.monotonic() < end, job
+            time.sleep(0.1)
+        assert job["response"]["status_code"] == 200
+        bodies.append(job["response"]["body"])
+    assert ChatCompletion.model_validate(bodies[0]).usage.completion_tokens == 3
+    assert len(CreateEmbeddingResponse.model_validate(bodies[1]).data[1].embedding) == 384
+
+
 def test_sigkill_mid_batch_resumes_without_losing_or_rerunning_lines(tmp_path):
     n, log_path = 40, tmp_path / "serve.log"
     flags = (str(default_model_path()), "--api-key", KEY, "--max-model-len", "256", "--kv-cache-gib", "0.1",
-             "--max-num-seqs", "4")
+             "--max-num-seqs", "4", "--lease-s", "2")  # the restarted server takes the killed one's lines after 2 s
     with server_process(log_path, *flags) as (proc, url):
         api = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)
         f = api.files.create(file=("in.jsonl", lines(n, 16)), purpose="batch")
