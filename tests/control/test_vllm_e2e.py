@@ -160,3 +160,19 @@ def test_a_killed_vllm_replica_is_replaced_and_leaves_no_process_behind(server):
         pytest.fail("the vLLM replica was not replaced")
     _, alive = psutil.wait_procs(engine, timeout=30)
     assert not alive, [p.pid for p in alive]
+
+
+def test_a_stream_the_client_leaves_is_billed_for_the_tokens_it_got(server):
+    _, url, log_path = server
+    body = {"model": "smol-vllm", "messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 200,
+            "stream": True, "ignore_eos": True}
+    got = 0
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120,
+                      headers={"authorization": f"Bearer {KEY}"}) as r:
+        request_id = r.headers["x-request-id"]
+        for line in r.iter_lines():
+            got += '"content"' in line
+            if got == 4:
+                break  # leaves: the gateway closes its stream from vLLM, which aborts the request
+    [record] = records(log_path, request_id)
+    assert record["status"] == "cancelled" and 4 <= record["completion_tokens"] < 200  # from continuous usage
