@@ -27,7 +27,8 @@ def running_server(log_path: Path, *args: str, embeddings: bool = False, classic
 
 @contextmanager
 def server_process(log_path: Path, *args: str, embeddings: bool = False, classical: bool = False,
-                   policy: bool = False) -> Iterator[tuple[subprocess.Popen, str]]:
+                   policy: bool = False, startup_timeout_s: float = STARTUP_TIMEOUT_S
+                   ) -> Iterator[tuple[subprocess.Popen, str]]:
     """running_server's process and URL, for a test that kills it; terminated at the end if it still runs."""
     port = free_port()
     cmd = [sys.executable, "-m", "inferd.cli", "serve", "--dtype", "float32", "--port", str(port),
@@ -43,7 +44,7 @@ def server_process(log_path: Path, *args: str, embeddings: bool = False, classic
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, proc, log_path)
+        wait_ready(url, proc, log_path, startup_timeout_s)
         yield proc, url
     finally:
         proc.terminate()
@@ -74,9 +75,9 @@ def new_tenant_key(log_path: Path, name: str, *flags: str) -> str:
     return json.loads(inferd("keys", "create", "--tenant", name, "--db", db_url(log_path), "--format", "json"))["key"]
 
 
-def wait_ready(url: str, proc: subprocess.Popen, log_path: Path) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
     try:
         wait_until_ready(url, lambda: proc.poll() is None, lambda: f"(inferd serve) exited with {proc.returncode}",
-                         STARTUP_TIMEOUT_S)
+                         timeout_s)
     except RuntimeError as exc:
         pytest.fail(f"{exc}:\n{log_path.read_text()[-4000:]}")

@@ -8,8 +8,8 @@ import time
 import httpx
 
 from inferd.console.window import Window
+from inferd.gateway.runtimes import replica_report
 
-READY_TIMEOUT_S = 2.0
 
 
 def snapshot(gw, window: Window) -> dict:
@@ -69,15 +69,13 @@ def autoscaling(gw) -> list[dict]:
 
 
 async def kv_cache_usage(client: httpx.AsyncClient, d) -> float | None:
-    """The mean KV-cache use (0..1) the deployment's healthy replicas report on /ready (None: none reports it,
-    e.g. an external OpenAI-compatible replica)."""
+    """The mean KV-cache use (0..1) the deployment's healthy replicas report (gateway.runtimes.replica_report;
+    None: none reports it, e.g. an external OpenAI-compatible replica)."""
     async def one(u) -> float | None:
-        headers = {"authorization": f"Bearer {u.api_key}"} if u.api_key else {}
+        value = (await replica_report(client, d, u) or {}).get("kv_cache_usage")
         try:
-            value = (await client.get(f"{u.base_url}/ready", headers=headers, timeout=READY_TIMEOUT_S)).json()
-            return float(value["kv_cache_usage"]) if isinstance(value, dict) and value.get("kv_cache_usage") \
-                is not None else None
-        except (httpx.HTTPError, ValueError, TypeError, KeyError):
+            return None if value is None else float(value)
+        except (TypeError, ValueError):
             return None
     values = [v for v in await asyncio.gather(*(one(u) for u in d.upstreams if u.healthy)) if v is not None]
     return sum(values) / len(values) if values else None

@@ -82,7 +82,7 @@ def _default_tenant(store: Store) -> None:
 def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name: str | None = None,
                    tokenizer_source: str | None = None, max_model_len: int | None = None,
                    queue: QueueConfig | None = None, router: RouterConfig | None = None,
-                   version: str = "v1") -> Deployment:
+                   version: str = "v1", runtime: str | None = None) -> Deployment:
     """A deployment over replicas that serve the same model; its card comes from the first one."""
     try:
         card = describe_upstream(upstreams[0].base_url, upstreams[0].api_key)
@@ -92,13 +92,14 @@ def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name:
         log.warning("cannot read %s/v1/models (%s); serving it as %s", upstreams[0].base_url, exc, model_name)
         card = {"id": model_name}
     ours = "source_path" in card
+    runtime = runtime or ("inferd" if ours else "openai")
     source = tokenizer_source or card.get("source_path")
     if source is None:
         log.warning("no tokenizer for %s given (--tokenizer); counting tokens with the default model's", card["id"])
     return Deployment(name=model_name or card["id"], model=gateway_model(card, source, max_model_len),
                       upstreams=upstreams,
                       queue=AdmissionQueue(queue or config.queue), upstream_model=card["id"], internal_headers=ours,
-                      router=Router(router or config.router), version=version,
+                      router=Router(router or config.router), version=version, runtime=runtime,
                       card={k: v for k, v in card.items() if k in ("source_path", "digests")})
 
 

@@ -11,7 +11,7 @@ from inferd.control.placement import make_replica
 from inferd.control.pool import ReplicaPool, per_replica_slots
 from inferd.control.replicas import ReplicaHandle, ReplicaProcess
 from inferd.control.spec import DeploymentSpec, ModelSpec, ServiceSpec
-from inferd.control.kinds import Settings, model_from_files
+from inferd.control.kinds import Settings, model_from_files, source_path
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.models.sentence import DEFAULT_EMBEDDING_NAME
 from inferd.gateway.config import GatewayConfig
@@ -39,7 +39,10 @@ def spec_plans(spec: ServiceSpec, log_flags: Sequence[str] = ()) -> list[Deploym
     plans = []
     for d in spec.deployments:
         make = None
-        if d.model:
+        if d.model and d.engine.engine == "vllm":
+            from inferd.control.runtimes import VllmProcess
+            make = functools.partial(VllmProcess, d.model.source, d.name, d.runtime, d.engine)
+        elif d.model:
             args = replica_args(d.model.source, d.name, d.runtime, log_flags, d.kind)
             make = functools.partial(make_replica, d.placement, args)
         plans.append(DeploymentPlan(d, [make() for _ in range(d.replicas)] if make else [], make))
@@ -138,7 +141,13 @@ def _spec_deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
     if d.external is None:
         prefix = d.name if d.role == "stable" else f"{d.name}-{d.version}"
         upstreams = [Upstream(r.url, r.api_key, name=f"{prefix}-{i}") for i, r in enumerate(plan.replicas)]
-        return deployment_for(upstreams, config, d.name, queue=queue, router=d.router, version=d.version)
+        if d.engine.engine == "inferd":
+            return deployment_for(upstreams, config, d.name, queue=queue, router=d.router, version=d.version)
+        tokenizer = str(source_path(d.kind, d.model.source))  # the model's own tokenizer counts its tokens
+        deployment = deployment_for(upstreams, config, d.name, tokenizer, d.runtime.max_model_len, queue, d.router,
+                                    d.version, runtime=d.engine.engine)
+        deployment.card |= {"source_path": tokenizer, "engine": d.engine.engine}
+        return deployment
     e = d.external
     upstream = Upstream(e.base_url, os.environ.get(e.api_key_env) if e.api_key_env else None, name=d.name)
     deployment = deployment_for([upstream], config, d.name, e.tokenizer, e.max_model_len, queue, d.router, d.version)
@@ -156,5 +165,6 @@ def _unstarted_deployment(d: DeploymentSpec, queue: QueueConfig) -> Deployment:
     """Scaled to zero from the start: the gateway's model part from the model files; the first replica that
     becomes ready completes the card."""
     model = model_from_files(d.kind, d.model.source, d.runtime)
-    return Deployment(name=d.name, model=model, upstreams=[],
-                      queue=AdmissionQueue(queue), version=d.version, upstream_model=d.name, router=Router(d.router))
+    return Deployment(name=d.name, model=model, upstreams=[], queue=AdmissionQueue(queue), version=d.version,
+                      upstream_model=d.name, router=Router(d.router), runtime=d.engine.engine,
+                      internal_headers=d.engine.engine == "inferd")

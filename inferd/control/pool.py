@@ -27,6 +27,7 @@ from inferd.control.autoscaler import Autoscaler, ColdStart, Decision, Signals, 
 from inferd.control.replicas import ReplicaHandle
 from inferd.control.spec import AutoscalingSpec
 from inferd.gateway.deployments import Deployment, Upstream
+from inferd.gateway.runtimes import replica_report
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class ReplicaPool:
             self.deployment.upstreams.append(upstream)
         self._names += 1
         self.members.append(Member(handle, upstream, READY, started_unix_s))
-        phases = _phases(_ready_body_sync(upstream), started_unix_s, ready_unix_s)
+        report = (_ready_body_sync(upstream) if self.deployment.internal_headers else None) or {}
+        phases = _phases(report | getattr(handle, "cold_start", dict)(), started_unix_s, ready_unix_s)
         if phases:
             self._observe_cold_start(upstream, phases)
 
@@ -222,7 +224,8 @@ class ReplicaPool:
         self._set_capacity()
         log.info("deployment %s: replica %s on %s is %s (cold start %.1f s)", self.name, m.upstream.name,
                  m.handle.url, "back" if m.replacement else "ready", ready_unix_s - m.started_unix_s)
-        phases = _phases(await self._ready_body(m.upstream), m.started_unix_s, ready_unix_s)
+        report = (await self._ready_body(m.upstream) or {}) | getattr(m.handle, "cold_start", dict)()
+        phases = _phases(report, m.started_unix_s, ready_unix_s)
         if phases:
             self._observe_cold_start(m.upstream, phases)
 
@@ -290,6 +293,7 @@ class ReplicaPool:
             m.task.cancel()
         m.state = STOPPED
         self.members.remove(m)
+        asyncio.create_task(asyncio.to_thread(m.handle.stop))  # what it left running (a vLLM server's engine)
         if m.upstream in self.deployment.upstreams:
             self.deployment.upstreams.remove(m.upstream)
         self._set_capacity()
@@ -315,11 +319,7 @@ class ReplicaPool:
     # replica reports
 
     async def _ready_body(self, upstream: Upstream) -> dict | None:
-        try:
-            r = await self.client.get(f"{upstream.base_url}/ready", timeout=2.0)
-            return r.json()
-        except (httpx.HTTPError, ValueError):
-            return None
+        return await replica_report(self.client, self.deployment, upstream)
 
     async def _refresh_card(self, upstream: Upstream) -> None:
         """Scaled up from zero: the model card (and max_model_len) as the first replica reports them."""

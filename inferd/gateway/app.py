@@ -161,8 +161,8 @@ class GatewayRoutes:
         return endpoint
 
     async def metrics(self, request: Request) -> Response:
-        """The gateway's metrics, then those of its own replicas (labelled replica=...)."""
-        ours = [u for d in self.gw.deployments.every() if d.internal_headers for u in d.upstreams]
+        """The gateway's metrics, then those of the replicas it started, any runtime (labelled replica=...)."""
+        ours = [u for d in self.gw.deployments.every() if d.runtime != "openai" for u in d.upstreams]
         text_ = self.gw.metrics.render() + await replica_metrics(self.gw.client, ours)
         return Response(text_, media_type=CONTENT_TYPE_LATEST)
 

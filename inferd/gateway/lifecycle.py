@@ -27,7 +27,7 @@ from opentelemetry.propagate import inject
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inferd.gateway import relay
+from inferd.gateway import relay, runtimes
 from inferd.gateway.admission import QueueRejected, Ticket
 from inferd.gateway.auth import KeyCache, client_address
 from inferd.gateway.charges import (Charges, Plan, actual_amounts, queue_rejected, rate_limited,
@@ -184,8 +184,9 @@ class RequestPath:
                 yield Head(response.status_code, passed | answer, content)
                 return
             yield Head(200, answer)
-            async for chunk in relay.relay_stream(response, attempt.outcome, x.arrival_s,
-                                                  attempt.deployment.internal_headers, plan.usage_mode):
+            ours = attempt.deployment.internal_headers  # else the gateway keeps the deadline: first token by it
+            async for chunk in relay.relay_stream(response, attempt.outcome, x.arrival_s, ours, plan.usage_mode,
+                                                  None if ours else x.deadline_s):
                 yield chunk
             if attempt.outcome.stream_done:
                 await self._finish(x)  # the records are journaled before the client has the stream's end
@@ -351,9 +352,10 @@ class RequestPath:
                                               kind=trace.SpanKind.CLIENT,
                                               attributes={"server.address": upstream.name}) if self.traced \
             else trace.INVALID_SPAN
+        fields = runtimes.request_fields(d, x.key.tenant.id, x.priority_class)
+        body = x.content if plan.body is None else _json_bytes(plan.body | fields if fields else plan.body)
         response = await relay.send(self.transport, self._url(upstream, plan.path or op.path),
-                                    self._upstream_headers(x, attempt),
-                                    x.content if plan.body is None else _json_bytes(plan.body), attempt.outcome)
+                                    self._upstream_headers(x, attempt), body, attempt.outcome)
         if response is None:
             if attempt.outcome.unreachable:
                 upstream.healthy = False  # out of routing until its /ready answers again

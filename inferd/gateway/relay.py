@@ -7,15 +7,16 @@ read here and dropped, so no chunk the client gets is parsed or re-serialized. A
 `data: [DONE]`, is held back (Outcome.stream_done): the lifecycle sends it once the usage is journaled. An external server's
 chunks are parsed only until the first token, and after that only those that carry usage.
 """
+import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 import httpx
 
 from inferd.protocol import headers
-from inferd.protocol.errors import APIError, UpstreamFailed, error_body
+from inferd.protocol.errors import APIError, DeadlineExceeded, UpstreamFailed, error_body
 from inferd.protocol.headers import UsageStatus
 from inferd.protocol.sse import sse_event
 
@@ -114,11 +115,14 @@ async def read_whole(response: httpx.Response, outcome: Outcome, arrival_s: floa
 
 
 async def relay_stream(response: httpx.Response, outcome: Outcome, arrival_s: float, ours: bool,
-                       usage_mode: str) -> AsyncGenerator[bytes, None]:
-    """The SSE events of a 200 stream, as the client asked for them; the outcome follows along."""
+                       usage_mode: str, first_token_by: float | None = None) -> AsyncGenerator[bytes, None]:
+    """The SSE events of a 200 stream, as the client asked for them; the outcome follows along. With
+    first_token_by (time.monotonic()), a stream whose first token has not come by then is ended as expired
+    (closing the connection makes the runtime abort the request)."""
     buffer, usage_comment = b"", None
     try:
-        async for data in response.aiter_raw():
+        chunks = response.aiter_raw()
+        async for data in chunks if first_token_by is None else _until_first_token(chunks, outcome, first_token_by):
             events = (buffer + data).replace(b"\r\n", b"\n").split(b"\n\n")
             buffer = events.pop()
             out = []
@@ -142,10 +146,30 @@ async def relay_stream(response: httpx.Response, outcome: Outcome, arrival_s: fl
         outcome.end("failed", 200, UpstreamFailed.code)
         outcome.stream_done = True
         yield sse_event(error_body(UpstreamFailed(f"The replica failed mid-stream ({type(exc).__name__}).")))
+    except TimeoutError:
+        outcome.end("expired", 200, DeadlineExceeded.code)
+        outcome.stream_done = True
+        yield sse_event(error_body(DeadlineExceeded("The request did not start before its deadline.")))
     finally:
         await response.aclose()
         if usage_comment is not None:
             outcome.observe_usage(json.loads(usage_comment[len(headers.USAGE_PREFIX):]))
+
+
+async def _until_first_token(chunks: AsyncIterator[bytes], outcome: Outcome, first_token_by: float | None
+                             ) -> AsyncGenerator[bytes, None]:
+    """chunks; TimeoutError if first_token_by passes before the outcome has its first token."""
+    chunks = aiter(chunks)
+    while True:
+        try:
+            if outcome.ttft_s is not None:
+                data = await anext(chunks)
+            else:
+                async with asyncio.timeout(max(first_token_by - time.monotonic(), 0.0)):
+                    data = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        yield data
 
 
 def _external_event(event: bytes, outcome: Outcome, arrival_s: float, usage_mode: str) -> bool:

