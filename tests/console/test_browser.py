@@ -7,6 +7,8 @@ loop runs, a canary started and promoted with the buttons of the Rollouts page (
 INFERD_CONSOLE_SCREENSHOTS=DIR saves a screenshot of each page there (docs/console/ holds the committed ones)."""
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,11 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server import running_server
+from tests.server import ROOT, db_url, running_server
 
 ADMIN_KEY = "console-admin-key-for-tests"
 VIEWER_KEY = "console-viewer-key-for-tests"
 API_KEY = "sk-console-test-key"
+USER, PASSWORD = "oncall", "a-console-user-password"
 CHROMEDRIVER = shutil.which("chromedriver")
 
 pytestmark = pytest.mark.skipif(CHROMEDRIVER is None and os.environ.get("INFERD_REQUIRE_SERVICES") != "1",
@@ -50,9 +53,14 @@ deployments:
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("console")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("console")
+
+
+@pytest.fixture(scope="module")
+def url(folder):
     (folder / "deploy.yaml").write_text(CONFIG)
+    console_user("add", USER, "--role", "viewer", "--password-stdin", log=folder / "serve.log", stdin=PASSWORD)
     with running_server(folder / "serve.log", "--config", str(folder / "deploy.yaml"), "--api-key", API_KEY,
                         "--admin-key", ADMIN_KEY, "--console-viewer-key", VIEWER_KEY) as base:
         yield base
@@ -93,8 +101,16 @@ def screenshot(browser, name: str) -> None:
         browser.save_screenshot(str(Path(folder) / f"{name}.png"))
 
 
-def sign_in(browser, url: str, key: str) -> None:
+def console_user(*args: str, log: Path, stdin: str = "") -> None:
+    """`inferd console user ARGS` on the server's store (the password on stdin, as an operator would pipe it)."""
+    subprocess.run([sys.executable, "-m", "inferd.cli", "console", "user", *args, "--db", db_url(log)],
+                   input=stdin + "\n", text=True, cwd=ROOT, check=True, timeout=120, capture_output=True)
+
+
+def sign_in(browser, url: str, key: str, user: str = "") -> None:
     browser.get(f"{url}/console")
+    if user:
+        wait_for(browser, "#user").send_keys(user)
     wait_for(browser, "#key").send_keys(key)
     browser.find_element("css selector", "#signin-button").click()
 
@@ -112,6 +128,23 @@ def test_a_wrong_key_is_refused_and_sets_no_session(browser, url):
     assert "not the admin or viewer key" in wait_for(browser, "#signin-error", "not the").text
     assert browser.get_cookie("inferd_console") is None
     assert httpx.get(f"{url}/console/api/now").status_code == 401
+
+
+def test_a_console_user_signs_in_by_password_and_a_wrong_password_is_refused(browser, url, folder):
+    browser.delete_all_cookies()
+    sign_in(browser, url, "not-the-password", user=USER)
+    assert "Wrong user name or password" in wait_for(browser, "#signin-error", "Wrong").text
+    assert browser.get_cookie("inferd_console") is None
+    sign_in(browser, url, PASSWORD, user=USER)
+    wait_for(browser, '#now .card[data-deployment="chat"]', "ready")
+    assert wait_for(browser, "header .who").text == "viewer"
+    cookie = {"inferd_console": browser.get_cookie("inferd_console")["value"]}
+    assert httpx.get(f"{url}/console/api/now", cookies=cookie).status_code == 200
+    console_user("remove", USER, log=folder / "serve.log")
+    removed_at = time.monotonic()
+    while httpx.get(f"{url}/console/api/now", cookies=cookie).status_code == 200:
+        assert time.monotonic() - removed_at < 10, "a removed user's session still reads the console"
+        time.sleep(0.5)
 
 
 def test_the_console_end_to_end(browser, url):
