@@ -176,7 +176,7 @@ class Console:
     async def rollouts(self, request: Request) -> Response:
         await self._reader(request)
         rows = self.gw.rollouts.status() if self.gw.rollouts is not None else []
-        return JSONResponse({"rollouts": rows, "autoscaling": now.autoscaling(self.gw)})
+        return JSONResponse({"rollouts": rows, "autoscaling": self.admin.autoscalers()})
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
