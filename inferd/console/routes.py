@@ -314,7 +314,7 @@ def console_page(session: Session) -> str:
     tabs = "".join(f'<a href="#{t}" data-tab="{t}">{t.capitalize()}</a>' for t in
                    ("now", "tenants", "usage", "history", "rollouts"))
     return _shell("Console", f'''<header><strong>inferd console</strong><nav>{tabs}</nav>
-<span class="who">{html.escape(session.role)}</span>
+<span class="who">{html.escape(f"{session.user} · {session.role}" if session.user else session.role)}</span>
 <form method="post" action="/console/sign-out"><input type="hidden" name="csrf_token"
 value="{html.escape(session.csrf_token)}"><button type="submit" id="sign-out">Sign out</button></form></header>
 <main><section id="now"></section><section id="tenants"></section><section id="usage"></section>

@@ -1,8 +1,10 @@
 """The console in a real browser (Debian's chromium through chromedriver, driven by Selenium) against a real
-`inferd serve --config` (one server for the module): a wrong key and a missing CSRF token refused, sign in, the
-deployment ready on the live Now page, a key created and revoked (401 within a second), usage from the rollups,
-sign out; a deployment scaled from zero going from starting to ready, the request rate moving while a client
-loop runs, a canary started and promoted with the buttons of the Rollouts page (and audited).
+`inferd serve --config` (one server for the module): a wrong key, a wrong password and a missing CSRF token
+refused, sign in with a key and as a console user made by the CLI (signed out once removed), the deployment
+ready on the live Now page, a key created and revoked (401 within a second), unary answers' TPOT, usage from
+the rollups, sign out; a deployment scaled from zero going from starting to ready, the request rate moving
+while `inferd bench` runs, a canary started and promoted with the buttons of the Rollouts page (and audited),
+the autoscaler's recent decisions with their reasons.
 
 INFERD_CONSOLE_SCREENSHOTS=DIR saves a screenshot of each page there (docs/console/ holds the committed ones)."""
 import os
@@ -135,9 +137,10 @@ def test_a_console_user_signs_in_by_password_and_a_wrong_password_is_refused(bro
     sign_in(browser, url, "not-the-password", user=USER)
     assert "Wrong user name or password" in wait_for(browser, "#signin-error", "Wrong").text
     assert browser.get_cookie("inferd_console") is None
+    screenshot(browser, "signin")
     sign_in(browser, url, PASSWORD, user=USER)
     wait_for(browser, '#now .card[data-deployment="chat"]', "ready")
-    assert wait_for(browser, "header .who").text == "viewer"
+    assert wait_for(browser, "header .who").text == f"{USER} · viewer"
     cookie = {"inferd_console": browser.get_cookie("inferd_console")["value"]}
     assert httpx.get(f"{url}/console/api/now", cookies=cookie).status_code == 200
     console_user("remove", USER, log=folder / "serve.log")
@@ -160,11 +163,14 @@ def test_the_console_end_to_end(browser, url):
     assert key.startswith("sk-")
     for _ in range(3):
         r = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=60,
-                       json={"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+                       json={"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                             "ignore_eos": True})
         assert r.status_code == 200, r.text
     browser.get(f"{url}/console#now")
     # the 3 requests counted in the last 5 minutes, pushed live
-    wait_for(browser, '#now .card[data-deployment="chat"][data-version="v1"]', "5m 3 ")
+    card = wait_for(browser, '#now .card[data-deployment="chat"][data-version="v1"]', "5m 3 ")
+    tpot = card.find_element("css selector", "table:nth-of-type(2) tbody tr td:nth-child(6)").text
+    assert tpot.endswith(" ms") and float(tpot.split()[0]) > 0, tpot  # unary answers have a TPOT (decode-s)
 
     browser.get(f"{url}/console#tenants")
     button = wait_for(browser, "#key-table button.revoke")
@@ -237,26 +243,25 @@ def test_a_deployment_scaled_from_zero_goes_from_starting_to_ready(browser, url)
     assert answers and answers[0].status_code == 200, answers and answers[0].text
 
 
-def test_the_request_rate_moves_while_a_client_loop_runs(browser, url):
+def test_the_request_rate_moves_while_a_bench_runs(browser, url, tmp_path):
     sign_in_as_admin(browser, url)
     cell = '#now .card[data-deployment="chat"][data-version="v1"] tbody td:nth-child(3)'
     before = float(wait_for(browser, cell).text)
-    stop, sent = threading.Event(), []
-
-    def loop():
-        while not stop.is_set():
-            sent.append(chat(url, "chat").status_code)
-    client = threading.Thread(target=loop)
-    client.start()
+    bench = subprocess.Popen(  # closed loop, one request at a time, until killed
+        [sys.executable, "-m", "inferd.cli", "bench", "run", "--base-url", f"{url}/v1", "--api-key", API_KEY,
+         "--model", "chat", "--arrival", "closed", "--concurrency", "1", "--duration-s", "600", "--num-requests",
+         "1000", "--input-tokens", "32", "--output-tokens", "4", "--warmup-requests", "0",
+         "--max-client-lag-ms", "100000", "--no-progress", "--no-html", "--out", str(tmp_path / "bench")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "bench.err").open("w"))
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # bench takes a while to start on a busy machine
         while float(browser.find_element("css selector", cell).text) <= before + 0.05:
-            assert time.monotonic() < deadline, f"requests/s stayed at {before} while {len(sent)} requests ran"
+            assert bench.poll() is None, f"inferd bench exited: {(tmp_path / 'bench.err').read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"requests/s stayed at {before} while inferd bench ran"
             time.sleep(0.5)
     finally:
-        stop.set()
-        client.join(timeout=60)
-    assert sent and set(sent) == {200}, sent
+        bench.terminate()
+        bench.wait(timeout=30)
     card = '#now .card[data-deployment="chat"][data-version="v1"]'
     kv = browser.find_element("css selector", f"{card} tbody td:nth-child(6)").text
     hits = browser.find_element("css selector", f"{card} table:nth-of-type(2) tbody tr td:nth-child(3)").text
@@ -275,6 +280,8 @@ def test_a_canary_started_and_promoted_from_the_rollouts_page(browser, url):
     browser.refresh()
     evidence = wait_for(browser, '#rollouts .card[data-rollout="chat"] table').text
     assert "canary" in evidence and "TPOT p95" in evidence, evidence
+    # the autoscaler's recent decisions with their reasons (lazy was scaled from zero by an earlier test)
+    wait_for(browser, "#decisions-lazy", "a request waits and no replica runs")
     screenshot(browser, "rollouts")
     wait_for(browser, '#rollouts button.rollout-promote[data-rollout="chat"]').click()
     browser.switch_to.alert.accept()  # "Promote the canary of chat?"
