@@ -39,6 +39,7 @@ SECURITY_HEADERS = {
 EVENT_INTERVAL_S = 1.0
 PASSWORD_CHECKS = 2  # scrypt hashes computed at once (32 MiB each)
 MAX_USAGE_DAYS = 366
+EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 
 
 class Console:
@@ -247,7 +248,10 @@ class Console:
         if not 0 < until - since <= MAX_USAGE_DAYS:
             raise InvalidRequest(f"since..until must span 1 to {MAX_USAGE_DAYS} days")
         rows = await asyncio.to_thread(self.gw.store.usage_daily, since * DAY_S, until * DAY_S, q.get("tenant") or None)
-        return [r | {"date": date.fromordinal(date(1970, 1, 1).toordinal() + r["day"]).isoformat()} for r in rows]
+        dates = {day: date.fromordinal(EPOCH_ORDINAL + day).isoformat() for day in range(since, until)}
+        for r in rows:
+            r["date"] = dates[r["day"]]
+        return rows
 
 
 async def _form(request: Request) -> dict[str, str]:
