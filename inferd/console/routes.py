@@ -37,7 +37,7 @@ SECURITY_HEADERS = {
     "x-content-type-options": "nosniff", "x-frame-options": "DENY", "referrer-policy": "same-origin",
     "cache-control": "no-store"}
 EVENT_INTERVAL_S = 1.0
-PASSWORD_CHECKS = 2  # scrypt hashes computed at once (32 MiB each)
+PASSWORD_CHECKS = 2  # scrypt hashes computed at once (128 MiB each: console/users.py)
 MAX_USAGE_DAYS = 366
 EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 

@@ -1,5 +1,6 @@
 """Console users: scrypt hashes (salted, their parameters stored, checked in constant time), the store's table
 (SQLite and PostgreSQL, audited), `inferd console user ...`, and sessions that end when the user changes."""
+import functools
 import io
 import time
 
@@ -13,13 +14,17 @@ from tests.console.test_signin import Clock
 from tests.gateway.services import postgres_url
 
 
-def test_a_password_hash_is_salted_scrypt_with_its_parameters():
+def test_a_password_hash_is_salted_scrypt_with_its_parameters(monkeypatch):
+    stored = users.hash_password("correct horse")  # the real parameters, once (about 0.7 s)
+    assert stored.startswith(f"scrypt${2 ** 17}$8$1$") and "correct" not in stored
+    assert users.verify_password("correct horse", stored)
+    monkeypatch.setattr(users, "N", 2 ** 10)  # the rest with cheap hashes: each verifies by its own parameters
     a, b = users.hash_password("correct horse"), users.hash_password("correct horse")
-    assert a != b and a.startswith(f"scrypt${2 ** 15}$8$1$") and "correct" not in a
+    assert a != b and a.startswith("scrypt$1024$8$1$")  # salted
     assert users.verify_password("correct horse", a) and users.verify_password("correct horse", b)
     assert not users.verify_password("correct hors", a) and not users.verify_password("", a)
-    cheap = "scrypt$1024$8$1$" + a.split("$", 4)[4]  # same salt and hash, other parameters: another hash
-    assert not users.verify_password("correct horse", cheap)
+    other = "scrypt$2048$8$1$" + a.split("$", 4)[4]  # same salt and hash, other parameters: another hash
+    assert not users.verify_password("correct horse", other)
     for broken in ("", "plain", "bcrypt$1$2$3$4$5", "scrypt$x$8$1$aa$bb", f"scrypt${2 ** 30}$8$1$aa$bb"):
         assert not users.verify_password("correct horse", broken)
     with pytest.raises(ValueError):
@@ -28,6 +33,14 @@ def test_a_password_hash_is_salted_scrypt_with_its_parameters():
         users.check_user("bad name")
     with pytest.raises(ValueError):
         users.check_user("ok", "root")
+
+
+@pytest.fixture(autouse=True)
+def cheap_hashes(request, monkeypatch):
+    """Fast hashes for the tests of what is built on them (the first test checks the real parameters)."""
+    if request.node.name != "test_a_password_hash_is_salted_scrypt_with_its_parameters":
+        monkeypatch.setattr(users, "N", 2 ** 10)
+        monkeypatch.setattr(users, "_dummy", functools.cache(lambda: users.hash_password("a-dummy-password")))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
