@@ -96,6 +96,13 @@ def wait_for(browser, css: str, text: str = "", timeout_s: float = 30.0):
     return browser.find_element(By.CSS_SELECTOR, css)
 
 
+def text(browser, css: str) -> str:
+    """An element's text read in one step (the Now page replaces its cards every second: a found element can go
+    stale before its .text is read)."""
+    return browser.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : null;",
+                                  css)
+
+
 def screenshot(browser, name: str) -> None:
     folder = os.environ.get("INFERD_CONSOLE_SCREENSHOTS")
     if folder:
@@ -168,8 +175,9 @@ def test_the_console_end_to_end(browser, url):
         assert r.status_code == 200, r.text
     browser.get(f"{url}/console#now")
     # the 3 requests counted in the last 5 minutes, pushed live
-    card = wait_for(browser, '#now .card[data-deployment="chat"][data-version="v1"]', "5m 3 ")
-    tpot = card.find_element("css selector", "table:nth-of-type(2) tbody tr td:nth-child(6)").text
+    card = '#now .card[data-deployment="chat"][data-version="v1"]'
+    wait_for(browser, card, "5m 3 ")
+    tpot = text(browser, f"{card} table:nth-of-type(2) tbody tr td:nth-child(6)")
     assert tpot.endswith(" ms") and float(tpot.split()[0]) > 0, tpot  # unary answers have a TPOT (decode-s)
 
     browser.get(f"{url}/console#tenants")
@@ -233,7 +241,7 @@ def sign_in_as_admin(browser, url: str) -> None:
 def test_a_deployment_scaled_from_zero_goes_from_starting_to_ready(browser, url):
     sign_in_as_admin(browser, url)
     card = '#now .card[data-deployment="lazy"]'
-    assert "none" in wait_for(browser, card, "none").text  # no replica until a request waits for one
+    wait_for(browser, card, "none")  # no replica until a request waits for one (the card is replaced each second)
     answers = []
     asking = threading.Thread(target=lambda: answers.append(chat(url, "lazy")))
     asking.start()
@@ -246,7 +254,8 @@ def test_a_deployment_scaled_from_zero_goes_from_starting_to_ready(browser, url)
 def test_the_request_rate_moves_while_a_bench_runs(browser, url, tmp_path):
     sign_in_as_admin(browser, url)
     cell = '#now .card[data-deployment="chat"][data-version="v1"] tbody td:nth-child(3)'
-    before = float(wait_for(browser, cell).text)
+    wait_for(browser, cell)
+    before = float(text(browser, cell))
     bench = subprocess.Popen(  # closed loop, one request at a time, until killed
         [sys.executable, "-m", "inferd.cli", "bench", "run", "--base-url", f"{url}/v1", "--api-key", API_KEY,
          "--model", "chat", "--arrival", "closed", "--concurrency", "1", "--duration-s", "600", "--num-requests",
@@ -255,7 +264,7 @@ def test_the_request_rate_moves_while_a_bench_runs(browser, url, tmp_path):
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "bench.err").open("w"))
     try:
         deadline = time.monotonic() + 120  # bench takes a while to start on a busy machine
-        while float(browser.find_element("css selector", cell).text) <= before + 0.05:
+        while float(text(browser, cell)) <= before + 0.05:
             assert bench.poll() is None, f"inferd bench exited: {(tmp_path / 'bench.err').read_text()[-2000:]}"
             assert time.monotonic() < deadline, f"requests/s stayed at {before} while inferd bench ran"
             time.sleep(0.5)
@@ -263,8 +272,8 @@ def test_the_request_rate_moves_while_a_bench_runs(browser, url, tmp_path):
         bench.terminate()
         bench.wait(timeout=30)
     card = '#now .card[data-deployment="chat"][data-version="v1"]'
-    kv = browser.find_element("css selector", f"{card} tbody td:nth-child(6)").text
-    hits = browser.find_element("css selector", f"{card} table:nth-of-type(2) tbody tr td:nth-child(3)").text
+    kv = text(browser, f"{card} tbody td:nth-child(6)")
+    hits = text(browser, f"{card} table:nth-of-type(2) tbody tr td:nth-child(3)")
     assert kv.endswith("%") and hits.endswith("%"), (kv, hits)  # the replica's /ready and the records' tokens
     screenshot(browser, "now")
 
