@@ -243,6 +243,8 @@ def _console(store: Store, args: argparse.Namespace) -> int:
         return 0
     users.check_user(args.name, args.role)
     keep = args.action == "passwd" and args.keep_password
+    if keep and args.role is None:
+        raise ValueError("--keep-password changes only the role: give --role")
     hashed = None if keep else users.hash_password(_password(args.password_stdin))
     if args.action == "add":
         store.create_console_user(args.name, args.role, hashed, actor=_actor())
