@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "eval":
         from inferd.eval.cli import run_eval
         return run_eval(args)
-    if args.command in ("keys", "tenants", "usage"):
+    if args.command in ("keys", "tenants", "usage", "console"):
         return gateway_cli.run(args)
     if args.command == "config":
         return _config(args)

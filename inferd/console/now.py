@@ -55,19 +55,6 @@ def pool_of(gw, d):
     return next((s for s in gw.services if getattr(s, "deployment", None) is d and hasattr(s, "members")), None)
 
 
-def autoscaling(gw) -> list[dict]:
-    """Each pool's autoscaler: its target, last decision and the signals behind it."""
-    out = []
-    for s in gw.services:
-        if hasattr(s, "members") and getattr(s, "autoscaler", None) is not None:
-            signals = s.signals
-            out.append({"name": s.deployment.name, "version": s.deployment.version, "target": s.target,
-                        "decision": {"desired": s.decision.desired, "reason": s.decision.reason} if s.decision
-                        else None, "signals": {k: getattr(signals, k) for k in signals.__slots__} if signals
-                        else None, "restarts": s.restarts})
-    return out
-
-
 async def kv_cache_usage(client: httpx.AsyncClient, d) -> float | None:
     """The mean KV-cache use (0..1) the deployment's healthy replicas report (gateway.runtimes.replica_report;
     None: none reports it, e.g. an external OpenAI-compatible replica)."""

@@ -20,7 +20,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Redire
     StreamingResponse
 from starlette.routing import Route
 
-from inferd.console import now
+from inferd.console import now, users
 from inferd.console.signin import ADMIN, COOKIE, IDLE_TTL_S, Session, Sessions, csrf_ok
 from inferd.console.window import SAMPLE_S, Window
 from inferd.gateway.admin import Admin, tenant_json
@@ -37,7 +37,9 @@ SECURITY_HEADERS = {
     "x-content-type-options": "nosniff", "x-frame-options": "DENY", "referrer-policy": "same-origin",
     "cache-control": "no-store"}
 EVENT_INTERVAL_S = 1.0
+PASSWORD_CHECKS = 2  # scrypt hashes computed at once (128 MiB each: console/users.py)
 MAX_USAGE_DAYS = 366
+EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 
 
 class Console:
@@ -51,6 +53,7 @@ class Console:
         self.admin = Admin(gateway)
         gateway.observers.append(self.window.observe)
         self._sampler: asyncio.Task | None = None
+        self._password_checks = asyncio.Semaphore(PASSWORD_CHECKS)
 
     async def start(self, gateway) -> None:
         self._sampler = asyncio.create_task(self._sample())
@@ -80,17 +83,31 @@ class Console:
     # signing in and out
 
     async def page(self, request: Request) -> Response:
-        session = self._session(request)
+        session = await self._session(request)
         if session is None:
-            return HTMLResponse(signin_page(self.sessions.enabled, request.query_params.get("error")))
+            enabled = self.sessions.enabled or bool(await asyncio.to_thread(self.gw.store.console_users))
+            return HTMLResponse(signin_page(enabled, request.query_params.get("error")))
         return HTMLResponse(console_page(session))
 
     async def sign_in(self, request: Request) -> Response:
+        """The admin or viewer key in `key`, or a console user's name in `user` and password in `key`."""
         _same_origin(request)
         address = client_address(request) or "unknown"
-        if self.sessions.failures.retry_after_s(address) > 0:
+        form = await _form(request)
+        name, secret = form.get("user", "").strip(), form.get("key", "")
+        failures = self.sessions.failures
+        if failures.retry_after_s(address) > 0 or (name and failures.retry_after_s(f"user:{name}") > 0):
             return RedirectResponse("/console?error=too_many_attempts", status_code=303)
-        session = self.sessions.sign_in((await _form(request)).get("key", ""), address)
+        if name:
+            async with self._password_checks:
+                user = await asyncio.to_thread(users.check_sign_in, self.gw.store, name, secret)
+            if user is None:
+                failures.failed(address)
+                failures.failed(f"user:{name}")  # guesses at one user from many addresses are limited too
+                return RedirectResponse("/console?error=wrong_password", status_code=303)
+            session = self.sessions.open(user["role"], address, user)
+        else:
+            session = self.sessions.sign_in(secret, address)
         if session is None:
             return RedirectResponse("/console?error=wrong_key", status_code=303)
         response = RedirectResponse("/console", status_code=303)
@@ -108,22 +125,22 @@ class Console:
     # reads
 
     async def now(self, request: Request) -> Response:
-        self._reader(request)
+        await self._reader(request)
         return JSONResponse(now.snapshot(self.gw, self.window))
 
     async def events(self, request: Request) -> Response:
         """The Now snapshot as server-sent events, every EVENT_INTERVAL_S, while the session lasts."""
-        session_id = self._reader(request).id
+        await self._reader(request)
 
         async def stream():
-            while self.sessions.find(session_id) is not None and not await request.is_disconnected():
+            while await self._session(request) is not None and not await request.is_disconnected():
                 yield f"event: now\ndata: {json.dumps(now.snapshot(self.gw, self.window))}\n\n"
                 await asyncio.sleep(EVENT_INTERVAL_S)
             yield "event: signed-out\ndata: {}\n\n"
         return StreamingResponse(stream(), media_type="text/event-stream")
 
     async def tenants(self, request: Request) -> Response:
-        self._reader(request)
+        await self._reader(request)
         store, moment = self.gw.store, time.time()
         tenants, keys, audit = await asyncio.gather(asyncio.to_thread(store.tenants), asyncio.to_thread(store.keys),
                                                     asyncio.to_thread(store.audit, 50))
@@ -135,13 +152,13 @@ class Console:
         return JSONResponse({"tenants": rows, "keys": keys, "audit": audit})
 
     async def usage(self, request: Request) -> Response:
-        self._reader(request)
+        await self._reader(request)
         started = time.perf_counter()
         rows = await self._usage_rows(request)
         return JSONResponse({"data": rows, "query_ms": (time.perf_counter() - started) * 1000})
 
     async def usage_csv(self, request: Request) -> Response:
-        self._reader(request)
+        await self._reader(request)
         rows = await self._usage_rows(request)
         out = io.StringIO()
         writer = csv.DictWriter(out, ["date", "tenant", "model", "priority_class", *SUMS], extrasaction="ignore")
@@ -151,16 +168,16 @@ class Console:
                         headers={"content-disposition": 'attachment; filename="inferd-usage.csv"'})
 
     async def history(self, request: Request) -> Response:
-        self._reader(request)
+        await self._reader(request)
         fine = request.query_params.get("resolution") == "minute"
         return JSONResponse({"deployments": [{"name": d.name, "version": d.version,
                                               "points": self.window.history(d.name, d.version, fine)}
                                              for d in self.gw.deployments.every()]})
 
     async def rollouts(self, request: Request) -> Response:
-        self._reader(request)
+        await self._reader(request)
         rows = self.gw.rollouts.status() if self.gw.rollouts is not None else []
-        return JSONResponse({"rollouts": rows, "autoscaling": now.autoscaling(self.gw)})
+        return JSONResponse({"rollouts": rows, "autoscaling": self.admin.autoscalers()})
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -193,11 +210,17 @@ class Console:
 
     # helpers
 
-    def _session(self, request: Request) -> Session | None:
-        return self.sessions.find(request.cookies.get(COOKIE))
+    async def _session(self, request: Request) -> Session | None:
+        """The request's live session; a console user's is confirmed against the store every USER_RECHECK_S."""
+        session = self.sessions.find(request.cookies.get(COOKIE))
+        if session is not None and self.sessions.recheck_due(session):
+            user = await asyncio.to_thread(self.gw.store.console_user, session.user)
+            if not self.sessions.confirmed(session, user):
+                return None
+        return session
 
-    def _reader(self, request: Request) -> Session:
-        session = self._session(request)
+    async def _reader(self, request: Request) -> Session:
+        session = await self._session(request)
         if session is None:
             raise AuthenticationFailed("Sign in to the console first.", code="console_signed_out")
         return session
@@ -205,7 +228,7 @@ class Console:
     async def _change(self, request: Request) -> Session:
         """The session that may make this change: signed in, an admin, same origin, the right CSRF token."""
         _same_origin(request)
-        session = self._reader(request)
+        session = await self._reader(request)
         token = request.headers.get("x-csrf-token")
         if token is None and request.headers.get("content-type", "").startswith("application/x-www-form"):
             token = (await _form(request)).get("csrf_token")
@@ -225,7 +248,10 @@ class Console:
         if not 0 < until - since <= MAX_USAGE_DAYS:
             raise InvalidRequest(f"since..until must span 1 to {MAX_USAGE_DAYS} days")
         rows = await asyncio.to_thread(self.gw.store.usage_daily, since * DAY_S, until * DAY_S, q.get("tenant") or None)
-        return [r | {"date": date.fromordinal(date(1970, 1, 1).toordinal() + r["day"]).isoformat()} for r in rows]
+        dates = {day: date.fromordinal(EPOCH_ORDINAL + day).isoformat() for day in range(since, until)}
+        for r in rows:
+            r["date"] = dates[r["day"]]
+        return rows
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -268,15 +294,20 @@ def _shell(title: str, body: str, script: str | None, meta: str = "") -> str:
 
 
 ERRORS = {"wrong_key": "That key is not the admin or viewer key.",
+          "wrong_password": "Wrong user name or password.",
           "too_many_attempts": "Too many failed sign-ins from this address; wait a few seconds."}
 
 
 def signin_page(enabled: bool, error: str | None) -> str:
     message = ERRORS.get(error or "", "") if enabled else \
-        "The console is off: start the gateway with --admin-key (and --console-viewer-key for read-only)."
+        "The console is off: start the gateway with --admin-key (and --console-viewer-key for read-only), or " \
+        "add a user with `inferd console user add`."
     return _shell("Sign in", f'''<main class="signin"><h1>inferd console</h1>
-<form method="post" action="/console/sign-in" id="signin"><label for="key">Admin or viewer key</label>
-<input type="password" name="key" id="key" autocomplete="current-password" required autofocus>
+<form method="post" action="/console/sign-in" id="signin">
+<label for="user">User name (leave empty to sign in with a key)</label>
+<input type="text" name="user" id="user" autocomplete="username" autofocus>
+<label for="key">Password, or the admin or viewer key</label>
+<input type="password" name="key" id="key" autocomplete="current-password" required>
 <button type="submit" id="signin-button">Sign in</button></form>
 <p class="error" id="signin-error">{html.escape(message)}</p></main>''', None)
 
@@ -287,7 +318,7 @@ def console_page(session: Session) -> str:
     tabs = "".join(f'<a href="#{t}" data-tab="{t}">{t.capitalize()}</a>' for t in
                    ("now", "tenants", "usage", "history", "rollouts"))
     return _shell("Console", f'''<header><strong>inferd console</strong><nav>{tabs}</nav>
-<span class="who">{html.escape(session.role)}</span>
+<span class="who">{html.escape(f"{session.user} · {session.role}" if session.user else session.role)}</span>
 <form method="post" action="/console/sign-out"><input type="hidden" name="csrf_token"
 value="{html.escape(session.csrf_token)}"><button type="submit" id="sign-out">Sign out</button></form></header>
 <main><section id="now"></section><section id="tenants"></section><section id="usage"></section>

@@ -1,11 +1,13 @@
 """Who is signed in to the console: sessions in this gateway's memory, behind an HTTP-only cookie.
 
-    sign in    POST the admin key (role admin) or the viewer key (role viewer: reads, changes nothing);
-               failures are limited per client address by the same bucket as failed API keys
-               (auth.FailedAuthentications), answered 429 past it
+    sign in    POST the admin key (role admin) or the viewer key (role viewer: reads, changes nothing), or a
+               console user's name and password (its role; console/users.py checks the password);
+               failures are limited per client address, and per user name, by the same bucket as failed API
+               keys (auth.FailedAuthentications): past it the page says to wait
     session    a random id in the cookie `inferd_console` (HttpOnly, SameSite=Strict, Path=/console), valid
                for SESSION_TTL_S from sign-in and IDLE_TTL_S from its last use; a gateway restart signs
-               everyone out
+               everyone out; a user's session also ends within USER_RECHECK_S of the user's removal or
+               password change (routes.py checks the store again)
     CSRF       each session has its own random token, in the page's <meta name="csrf-token">; every POST must
                send it back (header X-CSRF-Token or form field csrf_token) and come from the same origin
 """
@@ -19,6 +21,7 @@ from inferd.gateway.auth import FailedAuthentications
 COOKIE = "inferd_console"
 SESSION_TTL_S = 8 * 3600.0
 IDLE_TTL_S = 30 * 60.0
+USER_RECHECK_S = 5.0
 MAX_SESSIONS = 1000  # beyond, the oldest session is signed out
 ADMIN, VIEWER = "admin", "viewer"
 
@@ -31,11 +34,14 @@ class Session:
     address: str
     created_s: float
     used_s: float
+    user: str | None = None  # a console user's name; None: signed in with a key
+    password_hash: str | None = None  # the user's at sign-in: a changed password ends the session
+    checked_s: float = 0.0  # when the store last confirmed the user
 
     @property
     def actor(self) -> str:
         """Who the audit log names for this session's changes."""
-        return f"console:{self.role}@{self.address}"
+        return f"console-user:{self.user}@{self.address}" if self.user else f"console:{self.role}@{self.address}"
 
 
 class Sessions:
@@ -48,6 +54,7 @@ class Sessions:
 
     @property
     def enabled(self) -> bool:
+        """Whether a key may sign in (console users are in the store)."""
         return bool(self._keys)
 
     def sign_in(self, key: str, address: str) -> Session | None:
@@ -57,8 +64,14 @@ class Sessions:
         if role is None:
             self.failures.failed(address)
             return None
+        return self.open(role, address)
+
+    def open(self, role: str, address: str, user: dict | None = None) -> Session:
+        """A new session of this role (for this console user, whose password was checked)."""
         now = self._clock()
         session = Session(secrets.token_urlsafe(32), role, secrets.token_urlsafe(32), address, now, now)
+        if user is not None:
+            session.user, session.password_hash, session.checked_s = user["name"], user["password_hash"], now
         self._open[session.id] = session
         if len(self._open) > MAX_SESSIONS:
             self._open.pop(next(iter(self._open)))
@@ -75,6 +88,18 @@ class Sessions:
             return None
         session.used_s = now
         return session
+
+    def recheck_due(self, session: Session) -> bool:
+        """A user's session whose user the store should confirm again now."""
+        return session.user is not None and self._clock() - session.checked_s > USER_RECHECK_S
+
+    def confirmed(self, session: Session, user: dict | None) -> bool:
+        """Whether the user as stored now still holds this session (else it is signed out)."""
+        if user is None or user["role"] != session.role or user["password_hash"] != session.password_hash:
+            self.sign_out(session.id)
+            return False
+        session.checked_s = self._clock()
+        return True
 
     def sign_out(self, session_id: str) -> None:
         self._open.pop(session_id, None)

@@ -6,8 +6,7 @@ bounded whatever the traffic:
     FINE: 1-minute buckets for the last hour (TTFT over 5 and 60 minutes, the request rate now)
     COARSE: 10-minute buckets for the last 24 hours (the History charts)
 The prefix-cache hit rate is the records' cached prompt tokens over their prompt tokens. A latency (TTFT, E2E,
-and TPOT: (E2E - TTFT) / (completion tokens - 1) of a completed record, meaningful for streamed answers only,
-since a unary answer's TTFT is its whole answer) is counted in the gateway's histogram buckets
+and the record's TPOT: streamed or unary, see relay.Outcome.tpot_s) is counted in the gateway's histogram buckets
 (telemetry.LATENCY_BUCKETS_S); percentiles are interpolated inside a bucket, as Prometheus' histogram_quantile
 does. Prometheus stays the system of record.
 """
@@ -48,9 +47,8 @@ class Bucket:
         self.e2e[bisect.bisect_left(LATENCY_BUCKETS_S, record.e2e_s)] += 1
         self.prompt_tokens += record.prompt_tokens
         self.cached_tokens += record.cached_tokens
-        if record.status == "completed" and record.ttft_s is not None and record.completion_tokens > 1:
-            tpot = (record.e2e_s - record.ttft_s) / (record.completion_tokens - 1)
-            self.tpot[bisect.bisect_left(LATENCY_BUCKETS_S, tpot)] += 1
+        if record.tpot_s is not None:
+            self.tpot[bisect.bisect_left(LATENCY_BUCKETS_S, record.tpot_s)] += 1
 
     def sample(self, queue_length: int, inflight: int, ready: int, kv_usage: float | None = None) -> None:
         self.queue_length_max = max(self.queue_length_max, queue_length)

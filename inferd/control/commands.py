@@ -1,4 +1,4 @@
-"""`inferd gateway|keys|tenants|usage|rollout`: the gateway and its state, from the command line."""
+"""`inferd gateway|keys|tenants|usage|console|rollout`: the gateway and its state, from the command line."""
 import argparse
 import csv
 import getpass
@@ -8,6 +8,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from inferd.console import users
 from inferd.gateway.policy import BUDGET_PERIODS, PRIORITY_CLASSES, PolicyError
 from inferd.gateway.store import Store, StoreError, default_db_url
 from inferd.router.router import POLICIES
@@ -121,7 +122,23 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     usage.add_argument("--reconcile", metavar="GATEWAY_URL", default=None,
                        help="compare a running gateway's counters with its records (needs --admin-key)")
     usage.add_argument("--admin-key", default=os.environ.get("INFERD_ADMIN_KEY"))
-    for p in (create, listing, revoke, tc, tu, tenants.choices["list"], ws, usage):
+    console = commands.add_parser("console", help="the operator console's users").add_subparsers(
+        dest="what", required=True)
+    user = console.add_parser("user", help="add, list, remove console users, set their password or role")
+    user_actions = user.add_subparsers(dest="action", required=True)
+    ua = user_actions.add_parser("add", help="a user who signs in to /console by name and password")
+    up = user_actions.add_parser("passwd", help="a new password (and/or --role); the user's sessions end")
+    for p in (ua, up):
+        p.add_argument("name")
+        p.add_argument("--role", choices=users.ROLES, default="viewer" if p is ua else None)
+        p.add_argument("--password-stdin", action="store_true",
+                       help="read the password from the first line of stdin (default: prompt for it); never "
+                            "a flag, which would land in the shell's history")
+    up.add_argument("--keep-password", action="store_true", help="change only --role")
+    ur = user_actions.add_parser("remove", help="the user can no longer sign in; their sessions end")
+    ur.add_argument("name")
+    for p in (create, listing, revoke, tc, tu, tenants.choices["list"], ws, usage, ua, up, ur,
+              user_actions.add_parser("list", help="names, roles, when created and changed")):
         add_db_flag(p)
         p.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
@@ -188,8 +205,8 @@ def run(args: argparse.Namespace) -> int:
     store = Store(args.db)
     try:
         store.migrate()
-        return {"keys": _keys, "tenants": _tenants, "usage": _usage}[args.command](store, args)
-    except (StoreError, PolicyError) as exc:
+        return {"keys": _keys, "tenants": _tenants, "usage": _usage, "console": _console}[args.command](store, args)
+    except (StoreError, PolicyError, ValueError) as exc:
         print(f"inferd {args.command}: error: {exc}", file=sys.stderr)
         return 2
     finally:
@@ -246,6 +263,41 @@ def _webhook_secret(store: Store, args: argparse.Namespace) -> int:
         store.record_change(_actor(), "webhook.rotate", args.name, {"generation": generation})
     _print([{"tenant": args.name} | secrets.shown(tenant.id)], args.format)
     return 0
+
+
+def _console(store: Store, args: argparse.Namespace) -> int:
+    if args.action == "list":
+        _print([{"name": u["name"], "role": u["role"], "created": _iso(u["created_unix_s"]),
+                 "updated": _iso(u["updated_unix_s"])} for u in store.console_users()], args.format)
+        return 0
+    if args.action == "remove":
+        if not store.remove_console_user(args.name, actor=_actor()):
+            print(f"inferd console: error: no console user {args.name}", file=sys.stderr)
+            return 1
+        print(f"removed {args.name}")
+        return 0
+    users.check_user(args.name, args.role)
+    keep = args.action == "passwd" and args.keep_password
+    if keep and args.role is None:
+        raise ValueError("--keep-password changes only the role: give --role")
+    hashed = None if keep else users.hash_password(_password(args.password_stdin))
+    if args.action == "add":
+        store.create_console_user(args.name, args.role, hashed, actor=_actor())
+    elif not store.update_console_user(args.name, _actor(), hashed, args.role):
+        print(f"inferd console: error: no console user {args.name}", file=sys.stderr)
+        return 1
+    print(f"{'added' if args.action == 'add' else 'changed'} {args.name}")
+    return 0
+
+
+def _password(from_stdin: bool) -> str:
+    """The new password: stdin's first line, or typed twice at a prompt that does not echo."""
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    first = getpass.getpass("Password: ")
+    if getpass.getpass("Again: ") != first:
+        raise ValueError("the two passwords differ")
+    return first
 
 
 def _usage(store: Store, args: argparse.Namespace) -> int:

@@ -16,7 +16,9 @@ Public API (call on the gateway's event loop; other control-plane parts, e.g. ro
 import asyncio
 import logging
 import math
+import re
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -35,6 +37,7 @@ STARTING, READY, DRAINING, STOPPED = "starting", "ready", "draining", "stopped"
 READY_TIMEOUT_S = 900.0
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 CHECK_INTERVAL_S = 0.5  # how often dead replicas are looked for without an autoscaler
+DECISION_HISTORY = 50  # the autoscaler's recent decisions kept (for the admin API and the console)
 
 
 @dataclass(slots=True, eq=False)
@@ -62,6 +65,7 @@ class ReplicaPool:
     cold_start: ColdStart = field(default_factory=ColdStart)
     decision: Decision | None = None
     signals: Signals | None = None
+    decisions: deque = field(default_factory=lambda: deque(maxlen=DECISION_HISTORY))  # see _remember
     restarts: int = 0
     failures: int = 0  # replicas that failed to start, in a row: backs off further starts
     next_start_s: float = 0.0
@@ -280,9 +284,19 @@ class ReplicaPool:
         if self.autoscaler is not None:
             self.signals = await self.read_signals()
             self.decision = self.autoscaler.decide(time.monotonic(), self.signals)
+            self._remember(self.decision, self.signals)
             if self.decision.desired != self.signals.replicas:
                 self.scale_to(self.decision.desired, self.decision.reason)
         self._reconcile()
+
+    def _remember(self, d: Decision, s: Signals) -> None:
+        """Each decision that scales, and one that holds when its reason differs from the last one kept, not
+        counting figures ("steady" once, not every interval; a breach held back once until it changes kind)."""
+        last = self.decisions[-1] if self.decisions else None
+        kind = re.sub(r"[\d.]+", "#", d.reason)
+        if d.desired != s.replicas or last is None or last["kind"] != kind or last["replicas"] != s.replicas:
+            self.decisions.append({"at_unix_s": time.time(), "replicas": s.replicas, "desired": d.desired,
+                                   "reason": d.reason, "kind": kind})
 
     def _replace(self, m: Member) -> None:
         """A replica died: out of routing now; a new one takes its name (unless it was being drained)."""

@@ -95,10 +95,7 @@ class Sample:
 
 
 def sample_of(record, now_s: float) -> Sample:
-    tpot = None
-    if record.status == "completed" and record.ttft_s is not None and record.completion_tokens > 1:
-        tpot = (record.e2e_s - record.ttft_s) / (record.completion_tokens - 1)
-    return Sample(now_s, record.status, record.ttft_s, tpot, record.cost_usd)
+    return Sample(now_s, record.status, record.ttft_s, record.tpot_s, record.cost_usd)
 
 
 @dataclass(slots=True)

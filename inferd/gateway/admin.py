@@ -39,6 +39,7 @@ def routes(gateway) -> list[Route]:
             Route("/admin/keys/{key_id}", admin.revoke, methods=["DELETE"]),
             Route("/admin/usage", admin.usage, methods=["GET"]),
             Route("/admin/counters", admin.counters, methods=["GET"]),
+            Route("/admin/autoscaling", admin.autoscaling, methods=["GET"]),
             Route("/admin/rollouts", admin.rollouts, methods=["GET"]),
             Route("/admin/rollouts/{name}", admin.rollouts, methods=["GET"]),
             Route("/admin/rollouts/{name}/{action}", admin.rollout_action, methods=["POST"])]
@@ -120,6 +121,26 @@ class Admin:
         self._check(request)
         return JSONResponse({"gateway_id": self.gw.config.gateway_id, "started_unix_s": self.gw.started_unix_s,
                              "pending": self.gw.usage.pending} | asdict(self.gw.usage.counters))
+
+    async def autoscaling(self, request: Request) -> Response:
+        """Each autoscaled deployment: its target, last decision, signals and recent decisions."""
+        self._check(request)
+        return JSONResponse({"data": self.autoscalers()})
+
+    def autoscalers(self) -> list[dict]:
+        """The control plane's pools (the gateway's services with members and an autoscaler), newest decision
+        first in recent_decisions (each: at_unix_s, replicas, desired, reason)."""
+        out = []
+        for s in self.gw.services:
+            if hasattr(s, "members") and getattr(s, "autoscaler", None) is not None:
+                signals = s.signals
+                out.append({"name": s.deployment.name, "version": s.deployment.version, "target": s.target,
+                            "decision": {"desired": s.decision.desired, "reason": s.decision.reason} if s.decision
+                            else None, "signals": {k: getattr(signals, k) for k in signals.__slots__} if signals
+                            else None, "restarts": s.restarts,
+                            "recent_decisions": [{k: v for k, v in d.items() if k != "kind"}
+                                                 for d in reversed(s.decisions)]})
+        return out
 
     async def rollouts(self, request: Request) -> Response:
         """Canary rollouts: state, weight, the per-version comparison over the window and the decision."""

@@ -433,14 +433,15 @@ class RequestPath:
                     a.reservation.charges, o.prompt_tokens + o.completion_tokens, cost))
             if a.dispatched_s is not None:
                 d.queue.release(time.monotonic() - a.dispatched_s, x.priority_class)
+        e2e_s = time.monotonic() - x.arrival_s
         return UsageRecord(
             request_id=x.request_id, attempt=attempt.number, model=d.name, status=o.status,
-            http_status=o.http_status, started_unix_s=attempt.started_unix_s, e2e_s=time.monotonic() - x.arrival_s,
+            http_status=o.http_status, started_unix_s=attempt.started_unix_s, e2e_s=e2e_s,
             gateway_id=self.config.gateway_id, tenant_id=x.key.tenant.id, key_id=x.key.id,
             deployment_version=d.version, replica=attempt.upstream.name if attempt.upstream else None,
             priority_class=x.priority_class, error_code=o.error_code, prompt_tokens=o.prompt_tokens,
             cached_tokens=o.cached_tokens, completion_tokens=o.completion_tokens, queue_s=a.queue_s,
-            ttft_s=o.ttft_s, cost_usd=cost, batch_id=x.batch_id)
+            ttft_s=o.ttft_s, tpot_s=o.tpot_s(e2e_s), cost_usd=cost, batch_id=x.batch_id)
 
     def _refusal_record(self, x: Exchange) -> UsageRecord:
         err = to_api_error(x.refusal) if isinstance(x.refusal, Exception) else None

@@ -37,6 +37,8 @@ class Outcome:
     completion_tokens: int = 0
     ttft_s: float | None = None
     first_token_unix_ns: int | None = None  # for the span's first_token event
+    streamed: bool = False  # the answer came as a stream: its first token was seen here
+    decode_s: float | None = None  # a unary answer's first output token to its end, as our replica says
     retry_reason: str | None = None  # nothing reached the client: a fallback deployment may take it
     unreachable: bool = False  # no connection: another replica of the same deployment may take it
     no_answer: bool = False  # failed before the answer's head (no connection, a reset, a read error): ditto
@@ -60,6 +62,15 @@ class Outcome:
         if self.ttft_s is None:
             self.ttft_s = time.monotonic() - arrival_s
             self.first_token_unix_ns = time.time_ns()
+
+    def tpot_s(self, e2e_s: float) -> float | None:
+        """Time per output token after the first, of a completed answer of 2 tokens or more: over the stream
+        as seen here, or the replica's decode time for a unary answer (None from a server that does not say)."""
+        if self.status != "completed" or self.completion_tokens < 2:
+            return None
+        if self.streamed and self.ttft_s is not None:
+            return max(e2e_s - self.ttft_s, 0.0) / (self.completion_tokens - 1)
+        return self.decode_s / (self.completion_tokens - 1) if self.decode_s is not None else None
 
     @property
     def billed(self) -> bool:
@@ -105,6 +116,7 @@ async def read_whole(response: httpx.Response, outcome: Outcome, arrival_s: floa
     if response.status_code == 200:
         usage = response.headers.get(headers.USAGE) if ours else None
         outcome.observe_usage(json.loads(usage) if usage else json.loads(content).get("usage"))
+        outcome.decode_s = _seconds(response.headers.get(headers.DECODE_S)) if ours else None
         outcome.first_token(arrival_s)
         outcome.end("completed", 200)
     else:
@@ -120,6 +132,7 @@ async def relay_stream(response: httpx.Response, outcome: Outcome, arrival_s: fl
     first_token_by (time.monotonic()), a stream whose first token has not come by then is ended as expired
     (closing the connection makes the runtime abort the request)."""
     buffer, usage_comment = b"", None
+    outcome.streamed = True
     try:
         chunks = response.aiter_raw()
         async for data in chunks if first_token_by is None else _until_first_token(chunks, outcome, first_token_by):
@@ -182,6 +195,14 @@ def _external_event(event: bytes, outcome: Outcome, arrival_s: float, usage_mode
         outcome.first_token(arrival_s)
         return True
     return usage_mode != "none"
+
+
+def _seconds(raw: str | None) -> float | None:
+    try:
+        value = float(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and 0.0 <= value < 86400.0 else None
 
 
 def _error_code(content: bytes) -> str | None:

@@ -1,4 +1,4 @@
-"""Tenants, keys, usage records (with their daily rollups) and the audit log of changes in SQL: an SQLite file by
+"""Tenants, keys, usage records (with their daily rollups), console users and the audit log of changes in SQL: an SQLite file by
 default, PostgreSQL when several gateways share."""
 import time
 import uuid
@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from inferd.gateway import rollups
 from inferd.gateway.keys import NewKey, generate_key
 from inferd.gateway.policy import KeyPolicy, Limits, PolicyError, TenantPolicy, check_priority_class
-from inferd.gateway.tables import api_keys, audit_log, tenants, usage_records
+from inferd.gateway.tables import api_keys, audit_log, console_users, tenants, usage_records
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 TENANT_SETTINGS = ("weight", "priority_class", "default_deadline_ms", "queue_share", "allowed_models",
@@ -219,6 +219,49 @@ class Store:
         """Cost per tenant id since the start of the UTC day holding since_unix_s (budget periods start on one)."""
         with self.engine.connect() as conn:
             return rollups.spent_since(conn, rollups.day_of(since_unix_s))
+
+    # console users (their password hashes are made and checked by console/users.py)
+
+    def create_console_user(self, name: str, role: str, password_hash: str, actor: str = "store") -> None:
+        now = time.time()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(console_users).values(name=name, role=role, password_hash=password_hash,
+                                                          created_unix_s=now, updated_unix_s=now))
+                _audit(conn, actor, "user.create", name, {"role": role})
+        except IntegrityError:
+            raise StoreError(f"console user {name!r} exists") from None
+
+    def console_user(self, name: str) -> dict | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(console_users).where(console_users.c.name == name)).mappings().first()
+        return dict(row) if row else None
+
+    def console_users(self) -> list[dict]:
+        """Every console user without the hash."""
+        u = console_users
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(select(u.c.name, u.c.role, u.c.created_unix_s, u.c.updated_unix_s)
+                                                  .order_by(u.c.name)).mappings()]
+
+    def update_console_user(self, name: str, actor: str = "store", password_hash: str | None = None,
+                            role: str | None = None) -> bool:
+        """A new password (hash) and/or role; False if there is no such user."""
+        changes = {k: v for k, v in (("password_hash", password_hash), ("role", role)) if v is not None}
+        with self.engine.begin() as conn:
+            done = conn.execute(update(console_users).where(console_users.c.name == name)
+                                .values(updated_unix_s=time.time(), **changes)).rowcount
+            if done:
+                _audit(conn, actor, "user.update", name, {"role": role, "password": "changed" if password_hash
+                                                          else None})
+        return bool(done)
+
+    def remove_console_user(self, name: str, actor: str = "store") -> bool:
+        with self.engine.begin() as conn:
+            done = conn.execute(console_users.delete().where(console_users.c.name == name)).rowcount
+            if done:
+                _audit(conn, actor, "user.remove", name, None)
+        return bool(done)
 
     # audit
 

@@ -64,6 +64,7 @@ usage_records = Table(
     Column("gateway_id", String(64), nullable=False),
     Column("units", JSON),  # what a record counts beyond tokens (a robot session: observations, actions, ...)
     Column("batch_id", String(40)),  # the batch whose line this was (priced at the batch multiplier)
+    Column("tpot_s", Float),  # mean time per output token after the first (streamed or unary); None: unknown
     UniqueConstraint("record_id", name="uq_usage_records_record_id"),
     Index("ix_usage_records_tenant_ended", "tenant_id", "ended_unix_s"),
 )
@@ -193,4 +194,15 @@ webhook_secrets = Table(  # no secret here: a tenant's is HMAC(master, tenant id
     Column("tenant_id", String(40), primary_key=True),
     Column("generation", Integer, nullable=False),
     Column("rotated_at", Integer, nullable=False),
+)
+
+# Who may sign in to the console by name and password (`inferd console user ...`): never the password itself,
+# only its salted scrypt hash (console/users.py).
+console_users = Table(
+    "console_users", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("role", String(16), nullable=False),  # admin or viewer
+    Column("password_hash", String(256), nullable=False),  # scrypt$N$r$p$salt$hash
+    Column("created_unix_s", Float, nullable=False),
+    Column("updated_unix_s", Float, nullable=False),
 )

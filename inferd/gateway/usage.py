@@ -53,6 +53,7 @@ class UsageRecord:
     completion_tokens: int = 0
     queue_s: float | None = None
     ttft_s: float | None = None
+    tpot_s: float | None = None  # time per output token after the first (Outcome.tpot_s); not billed
     cost_usd: float = 0.0
     units: dict[str, float] | None = None  # beyond tokens: a robot session's observations, actions, seconds, ...
     batch_id: str | None = None  # a batch line's batch

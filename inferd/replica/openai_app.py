@@ -111,7 +111,7 @@ class OpenAIRoutes:
             return await self._stream(request, events)
         results = await unless_disconnected(request, self._collect(jobs))
         usage = _usage([len(prompt)], results)
-        return _unary(chat_response(meta, results, usage, self._token_bytes, bool(body.logprobs)), usage)
+        return _unary(chat_response(meta, results, usage, self._token_bytes, bool(body.logprobs)), usage, results)
 
     async def completions(self, request: Request) -> Response:
         body = CompletionRequest.model_validate(await read_json(request, self.config.max_body_bytes))
@@ -127,7 +127,7 @@ class OpenAIRoutes:
         usage = _usage(lens, results)
         echoes = [self._echo(p, ids) for p, ids in zip(body.prompts(), prompts)] if body.echo else None
         return _unary(completion_response(meta, results, usage, self._token_bytes, body.logprobs is not None,
-                                          echoes), usage)
+                                          echoes), usage, results)
 
     async def tokenize(self, request: Request) -> Response:
         body = TokenizeRequest.model_validate(await read_json(request, self.config.max_body_bytes))
@@ -324,9 +324,14 @@ def _so_far(body: SamplingRequest, prompt_lens: list[int], results: list[ChoiceR
     return body.include_usage
 
 
-def _unary(body: dict, usage: dict) -> JSONResponse:
-    """A whole answer; its usage also in a header, so that the gateway need not parse the body."""
-    return JSONResponse(body, headers={headers.USAGE: json.dumps(usage, separators=(",", ":"))})
+def _unary(body: dict, usage: dict, results: list[ChoiceResult]) -> JSONResponse:
+    """A whole answer; its usage also in a header, so that the gateway need not parse the body, and the time
+    from its first output token to now (the gateway's TPOT of an answer it did not see stream)."""
+    out = {headers.USAGE: json.dumps(usage, separators=(",", ":"))}
+    firsts = [r.first_token_time for r in results if r.first_token_time is not None]
+    if firsts:
+        out[headers.DECODE_S] = f"{max(time.monotonic() - min(firsts), 0.0):.6f}"
+    return JSONResponse(body, headers=out)
 
 
 def _usage_comment(prompt_lens: list[int], results: list[ChoiceResult]) -> bytes:

@@ -69,6 +69,7 @@ class ChoiceResult:
     finish_reason: str | None = None
     num_output_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
+    first_token_time: float | None = None  # time.monotonic() of the choice's first output token
 
     def add(self, out: RequestOutput) -> None:
         self.text_parts.append(out.text)
@@ -82,6 +83,8 @@ class ChoiceResult:
         """Token counts only (streaming sends the text and logprobs on at once)."""
         self.num_output_tokens = out.num_output_tokens
         self.num_cached_tokens = out.num_cached_tokens
+        if self.first_token_time is None:
+            self.first_token_time = out.first_token_time
 
     @property
     def text(self) -> str:

@@ -1,12 +1,16 @@
 """The console in a real browser (Debian's chromium through chromedriver, driven by Selenium) against a real
-`inferd serve --config` (one server for the module): a wrong key and a missing CSRF token refused, sign in, the
-deployment ready on the live Now page, a key created and revoked (401 within a second), usage from the rollups,
-sign out; a deployment scaled from zero going from starting to ready, the request rate moving while a client
-loop runs, a canary started and promoted with the buttons of the Rollouts page (and audited).
+`inferd serve --config` (one server for the module): a wrong key, a wrong password and a missing CSRF token
+refused, sign in with a key and as a console user made by the CLI (signed out once removed), the deployment
+ready on the live Now page, a key created and revoked (401 within a second), unary answers' TPOT, usage from
+the rollups, sign out; a deployment scaled from zero going from starting to ready, the request rate moving
+while `inferd bench` runs, a canary started and promoted with the buttons of the Rollouts page (and audited),
+the autoscaler's recent decisions with their reasons.
 
 INFERD_CONSOLE_SCREENSHOTS=DIR saves a screenshot of each page there (docs/console/ holds the committed ones)."""
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,11 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server import running_server
+from tests.server import ROOT, db_url, running_server
 
 ADMIN_KEY = "console-admin-key-for-tests"
 VIEWER_KEY = "console-viewer-key-for-tests"
 API_KEY = "sk-console-test-key"
+USER, PASSWORD = "oncall", "a-console-user-password"
 CHROMEDRIVER = shutil.which("chromedriver")
 
 pytestmark = pytest.mark.skipif(CHROMEDRIVER is None and os.environ.get("INFERD_REQUIRE_SERVICES") != "1",
@@ -50,9 +55,14 @@ deployments:
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("console")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("console")
+
+
+@pytest.fixture(scope="module")
+def url(folder):
     (folder / "deploy.yaml").write_text(CONFIG)
+    console_user("add", USER, "--role", "viewer", "--password-stdin", log=folder / "serve.log", stdin=PASSWORD)
     with running_server(folder / "serve.log", "--config", str(folder / "deploy.yaml"), "--api-key", API_KEY,
                         "--admin-key", ADMIN_KEY, "--console-viewer-key", VIEWER_KEY) as base:
         yield base
@@ -86,6 +96,13 @@ def wait_for(browser, css: str, text: str = "", timeout_s: float = 30.0):
     return browser.find_element(By.CSS_SELECTOR, css)
 
 
+def text(browser, css: str) -> str:
+    """An element's text read in one step (the Now page replaces its cards every second: a found element can go
+    stale before its .text is read)."""
+    return browser.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : null;",
+                                  css)
+
+
 def screenshot(browser, name: str) -> None:
     folder = os.environ.get("INFERD_CONSOLE_SCREENSHOTS")
     if folder:
@@ -93,8 +110,16 @@ def screenshot(browser, name: str) -> None:
         browser.save_screenshot(str(Path(folder) / f"{name}.png"))
 
 
-def sign_in(browser, url: str, key: str) -> None:
+def console_user(*args: str, log: Path, stdin: str = "") -> None:
+    """`inferd console user ARGS` on the server's store (the password on stdin, as an operator would pipe it)."""
+    subprocess.run([sys.executable, "-m", "inferd.cli", "console", "user", *args, "--db", db_url(log)],
+                   input=stdin + "\n", text=True, cwd=ROOT, check=True, timeout=120, capture_output=True)
+
+
+def sign_in(browser, url: str, key: str, user: str = "") -> None:
     browser.get(f"{url}/console")
+    if user:
+        wait_for(browser, "#user").send_keys(user)
     wait_for(browser, "#key").send_keys(key)
     browser.find_element("css selector", "#signin-button").click()
 
@@ -114,6 +139,24 @@ def test_a_wrong_key_is_refused_and_sets_no_session(browser, url):
     assert httpx.get(f"{url}/console/api/now").status_code == 401
 
 
+def test_a_console_user_signs_in_by_password_and_a_wrong_password_is_refused(browser, url, folder):
+    browser.delete_all_cookies()
+    sign_in(browser, url, "not-the-password", user=USER)
+    assert "Wrong user name or password" in wait_for(browser, "#signin-error", "Wrong").text
+    assert browser.get_cookie("inferd_console") is None
+    screenshot(browser, "signin")
+    sign_in(browser, url, PASSWORD, user=USER)
+    wait_for(browser, '#now .card[data-deployment="chat"]', "ready")
+    assert wait_for(browser, "header .who").text == f"{USER} · viewer"
+    cookie = {"inferd_console": browser.get_cookie("inferd_console")["value"]}
+    assert httpx.get(f"{url}/console/api/now", cookies=cookie).status_code == 200
+    console_user("remove", USER, log=folder / "serve.log")
+    removed_at = time.monotonic()
+    while httpx.get(f"{url}/console/api/now", cookies=cookie).status_code == 200:
+        assert time.monotonic() - removed_at < 10, "a removed user's session still reads the console"
+        time.sleep(0.5)
+
+
 def test_the_console_end_to_end(browser, url):
     sign_in(browser, url, ADMIN_KEY)
     cookie = browser.get_cookie("inferd_console")
@@ -127,11 +170,15 @@ def test_the_console_end_to_end(browser, url):
     assert key.startswith("sk-")
     for _ in range(3):
         r = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=60,
-                       json={"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+                       json={"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                             "ignore_eos": True})
         assert r.status_code == 200, r.text
     browser.get(f"{url}/console#now")
     # the 3 requests counted in the last 5 minutes, pushed live
-    wait_for(browser, '#now .card[data-deployment="chat"][data-version="v1"]', "5m 3 ")
+    card = '#now .card[data-deployment="chat"][data-version="v1"]'
+    wait_for(browser, card, "5m 3 ")
+    tpot = text(browser, f"{card} table:nth-of-type(2) tbody tr td:nth-child(6)")
+    assert tpot.endswith(" ms") and float(tpot.split()[0]) > 0, tpot  # unary answers have a TPOT (decode-s)
 
     browser.get(f"{url}/console#tenants")
     button = wait_for(browser, "#key-table button.revoke")
@@ -194,7 +241,7 @@ def sign_in_as_admin(browser, url: str) -> None:
 def test_a_deployment_scaled_from_zero_goes_from_starting_to_ready(browser, url):
     sign_in_as_admin(browser, url)
     card = '#now .card[data-deployment="lazy"]'
-    assert "none" in wait_for(browser, card, "none").text  # no replica until a request waits for one
+    wait_for(browser, card, "none")  # no replica until a request waits for one (the card is replaced each second)
     answers = []
     asking = threading.Thread(target=lambda: answers.append(chat(url, "lazy")))
     asking.start()
@@ -204,29 +251,29 @@ def test_a_deployment_scaled_from_zero_goes_from_starting_to_ready(browser, url)
     assert answers and answers[0].status_code == 200, answers and answers[0].text
 
 
-def test_the_request_rate_moves_while_a_client_loop_runs(browser, url):
+def test_the_request_rate_moves_while_a_bench_runs(browser, url, tmp_path):
     sign_in_as_admin(browser, url)
     cell = '#now .card[data-deployment="chat"][data-version="v1"] tbody td:nth-child(3)'
-    before = float(wait_for(browser, cell).text)
-    stop, sent = threading.Event(), []
-
-    def loop():
-        while not stop.is_set():
-            sent.append(chat(url, "chat").status_code)
-    client = threading.Thread(target=loop)
-    client.start()
+    wait_for(browser, cell)
+    before = float(text(browser, cell))
+    bench = subprocess.Popen(  # closed loop, one request at a time, until killed
+        [sys.executable, "-m", "inferd.cli", "bench", "run", "--base-url", f"{url}/v1", "--api-key", API_KEY,
+         "--model", "chat", "--arrival", "closed", "--concurrency", "1", "--duration-s", "600", "--num-requests",
+         "1000", "--input-tokens", "32", "--output-tokens", "4", "--warmup-requests", "0",
+         "--max-client-lag-ms", "100000", "--no-progress", "--no-html", "--out", str(tmp_path / "bench")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "bench.err").open("w"))
     try:
-        deadline = time.monotonic() + 60
-        while float(browser.find_element("css selector", cell).text) <= before + 0.05:
-            assert time.monotonic() < deadline, f"requests/s stayed at {before} while {len(sent)} requests ran"
+        deadline = time.monotonic() + 120  # bench takes a while to start on a busy machine
+        while float(text(browser, cell)) <= before + 0.05:
+            assert bench.poll() is None, f"inferd bench exited: {(tmp_path / 'bench.err').read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"requests/s stayed at {before} while inferd bench ran"
             time.sleep(0.5)
     finally:
-        stop.set()
-        client.join(timeout=60)
-    assert sent and set(sent) == {200}, sent
+        bench.terminate()
+        bench.wait(timeout=30)
     card = '#now .card[data-deployment="chat"][data-version="v1"]'
-    kv = browser.find_element("css selector", f"{card} tbody td:nth-child(6)").text
-    hits = browser.find_element("css selector", f"{card} table:nth-of-type(2) tbody tr td:nth-child(3)").text
+    kv = text(browser, f"{card} tbody td:nth-child(6)")
+    hits = text(browser, f"{card} table:nth-of-type(2) tbody tr td:nth-child(3)")
     assert kv.endswith("%") and hits.endswith("%"), (kv, hits)  # the replica's /ready and the records' tokens
     screenshot(browser, "now")
 
@@ -242,6 +289,8 @@ def test_a_canary_started_and_promoted_from_the_rollouts_page(browser, url):
     browser.refresh()
     evidence = wait_for(browser, '#rollouts .card[data-rollout="chat"] table').text
     assert "canary" in evidence and "TPOT p95" in evidence, evidence
+    # the autoscaler's recent decisions with their reasons (lazy was scaled from zero by an earlier test)
+    wait_for(browser, "#decisions-lazy", "a request waits and no replica runs")
     screenshot(browser, "rollouts")
     wait_for(browser, '#rollouts button.rollout-promote[data-rollout="chat"]').click()
     browser.switch_to.alert.accept()  # "Promote the canary of chat?"

@@ -1,4 +1,6 @@
 """The console's time series: bounded rings, only known deployments kept, rates and interpolated quantiles."""
+import pytest
+
 from inferd.console.window import COARSE_COUNT, FINE_COUNT, Window, quantile
 from inferd.gateway.usage import UsageRecord
 
@@ -53,9 +55,9 @@ def test_quantile_interpolates_inside_a_bucket():
 def test_tpot_prefix_cache_hits_and_kv_cache_use():
     clock = Clock()
     w = Window(lambda name, version: True, clock)
-    for _ in range(10):  # 0.1 s end to end, first token at 0.04 s, 7 tokens: 10 ms per output token after the first
+    for _ in range(10):  # 10 ms per output token after the first (the records' TPOT: relay.Outcome.tpot_s)
         w.observe(UsageRecord("req", "m", "completed", 200, 0.0, 0.1, "gw", deployment_version="v1", ttft_s=0.04,
-                              prompt_tokens=100, cached_tokens=25, completion_tokens=7))
+                              prompt_tokens=100, cached_tokens=25, completion_tokens=7, tpot_s=0.01))
     w.observe(UsageRecord("req", "m", "failed", 500, 0.0, 5.0, "gw", deployment_version="v1", ttft_s=0.04,
                           prompt_tokens=100, completion_tokens=2))  # failed: no TPOT
     w.sample("m", "v1", 0, 0, 1, 0.25)
@@ -66,3 +68,20 @@ def test_tpot_prefix_cache_hits_and_kv_cache_use():
     point = w.history("m", "v1")[-1]
     assert point["kv_cache_usage"] == 0.25 and point["tpot_p95_s"] <= 0.01
     assert Window(lambda n, v: True, clock).recent("m", "v1")["kv_cache_usage"] is None
+
+
+def test_a_records_tpot_counts_streamed_and_unary_answers_alike():
+    from inferd.gateway.relay import Outcome
+    streamed, unary, external = Outcome(), Outcome(), Outcome()
+    for o in (streamed, unary, external):
+        o.end("completed", 200)
+        o.completion_tokens, o.ttft_s = 11, 0.2
+    streamed.streamed = True
+    unary.decode_s = 0.5  # what our replica says in headers.DECODE_S
+    assert streamed.tpot_s(1.2) == pytest.approx(0.1) and unary.tpot_s(0.7) == pytest.approx(0.05)
+    assert external.tpot_s(0.7) is None  # a unary answer from a server that does not say: unknown, not ~0
+    unary.completion_tokens = 1
+    assert unary.tpot_s(0.7) is None
+    failed = Outcome(streamed=True, ttft_s=0.1, completion_tokens=9)
+    failed.end("failed", 500)
+    assert failed.tpot_s(1.0) is None

@@ -130,5 +130,26 @@ def test_scale_from_zero_when_a_request_waits():
         pool.autoscaling.interval_s = 0.1
         await until(lambda: pool.counts() == {"starting": 0, "ready": 0, "draining": 0}, 15)
         assert "idle for 0.3 s" in pool.decision.reason and pool.deployment.queue.max_inflight == 0
+        scaled = [(d["replicas"], d["desired"], d["reason"]) for d in pool.decisions if d["desired"] != d["replicas"]]
+        assert scaled == [(0, 1, "a request waits and no replica runs"), (1, 0, "idle for 0.3 s")], pool.decisions
         await pool.close()
     asyncio.run(main())
+
+
+def test_recent_decisions_keep_each_scaling_and_each_change_of_reason_bounded():
+    from inferd.control.autoscaler import Decision, Signals
+    from inferd.control.pool import DECISION_HISTORY
+    pool = pool_of(1, [], AutoscalingSpec(min_replicas=1, max_replicas=3))
+    one = Signals(replicas=1, starting=0)
+    for _ in range(5):
+        pool._remember(Decision(1, "steady"), one)
+    for ms in (900, 950, 1000):  # the same reason with other figures: kept once
+        pool._remember(Decision(1, f"breach held back: queue age {ms} ms > 500 ms"), one)
+    pool._remember(Decision(2, "queue age 1200 ms > 500 ms"), one)
+    pool._remember(Decision(2, "queue age 1300 ms > 500 ms"), one)  # scales again: kept
+    assert [(d["desired"], d["reason"]) for d in pool.decisions] == [
+        (1, "steady"), (1, "breach held back: queue age 900 ms > 500 ms"), (2, "queue age 1200 ms > 500 ms"),
+        (2, "queue age 1300 ms > 500 ms")]
+    for i in range(DECISION_HISTORY * 2):
+        pool._remember(Decision(2, "scale"), Signals(replicas=1, starting=0))
+    assert len(pool.decisions) == DECISION_HISTORY

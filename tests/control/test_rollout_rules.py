@@ -26,7 +26,8 @@ def record(version: str, status: str = "completed", ttft_s: float = 0.1, e2e_s: 
            cost_usd: float = 0.001, model: str = "smol") -> UsageRecord:
     return UsageRecord(request_id="r", model=model, status=status, http_status=200, started_unix_s=0.0,
                        e2e_s=e2e_s, gateway_id="g", deployment_version=version, completion_tokens=tokens,
-                       ttft_s=ttft_s, cost_usd=cost_usd)
+                       ttft_s=ttft_s, cost_usd=cost_usd,
+                       tpot_s=(e2e_s - ttft_s) / (tokens - 1) if status == "completed" and tokens > 1 else None)
 
 
 def stats(*records: UsageRecord, probe_score: float | None = None):

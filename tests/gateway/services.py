@@ -51,7 +51,7 @@ def postgres_url() -> str:
     engine = create_engine(url)
     with engine.begin() as conn:
         for table in ("webhook_deliveries", "webhook_secrets", "async_jobs", "batch_lines", "batches", "files",
-                      "usage_records", "usage_daily", "audit_log", "api_keys", "tenants", "alembic_version"):
+                      "usage_records", "usage_daily", "audit_log", "api_keys", "tenants", "console_users", "alembic_version"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
     engine.dispose()
     return url

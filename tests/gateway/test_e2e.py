@@ -238,6 +238,28 @@ def test_usage_records_statuses_cli_and_reconciliation(server, url):
     assert all(row["match"] for row in json.loads(check.stdout))
 
 
+def test_records_hold_the_tpot_of_unary_and_streamed_answers(server, url):
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    ids = [unique("tpot-unary"), unique("tpot-stream")]
+    unary = client.chat.completions.with_raw_response.create(
+        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+        extra_body={"ignore_eos": True}, extra_headers={"x-request-id": ids[0]})
+    assert "x-inferd-decode-s" not in unary.headers  # between replica and gateway only
+    for _ in client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=6, stream=True, extra_body={"ignore_eos": True},
+                                            extra_headers={"x-request-id": ids[1]}):
+        pass
+    time.sleep(1.0)  # the usage writer flushes every 0.5 s
+    engine = create_engine(db_url(server[1]))
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(text("SELECT * FROM usage_records WHERE request_id IN (:a, :b) "
+                                                   "ORDER BY id"), {"a": ids[0], "b": ids[1]}).mappings()]
+    engine.dispose()
+    assert [(r["request_id"], r["completion_tokens"]) for r in rows] == [(ids[0], 6), (ids[1], 6)]
+    for r in rows:  # per output token after the first: more than nothing, less than the whole answer over 5
+        assert 0 < r["tpot_s"] < r["e2e_s"] / 5, r
+
+
 def test_admin_api(server, url):
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     name = unique("adm")

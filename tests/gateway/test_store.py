@@ -33,8 +33,8 @@ def test_migrate_is_idempotent_and_keeps_data(store):
     store.migrate()
     assert store.tenant("acme").limits.tpm == 100
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0005"
-    assert {"tenants", "api_keys", "usage_records"} <= set(inspect(store.engine).get_table_names())
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0006"
+    assert {"tenants", "api_keys", "usage_records", "console_users"} <= set(inspect(store.engine).get_table_names())
 
 
 def test_a_store_of_the_first_schema_upgrades_with_its_usage_records(tmp_path):

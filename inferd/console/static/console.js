@@ -206,10 +206,20 @@ async function loadRollouts() {
   const data = await api("/console/api/rollouts");
   replace("rollouts", el("h2", {}, "Canary rollouts"), ...(data.rollouts.length ? data.rollouts.map(rolloutCard)
       : [el("p", {}, "No canaries (a deployment with role: canary in inferd serve --config).")]),
-    el("h2", {}, "Autoscaling"), data.autoscaling.length ? table(["deployment", "target", "decision", "signals"],
-      data.autoscaling.map(a => [`${a.name} ${a.version}`, String(a.target),
-        a.decision ? `${a.decision.desired}: ${a.decision.reason}` : "–", JSON.stringify(a.signals)]))
-      : el("p", {}, "No deployment has an autoscaling spec."));
+    el("h2", {}, "Autoscaling"), ...(data.autoscaling.length ? data.autoscaling.map(autoscalerCard)
+      : [el("p", {}, "No deployment has an autoscaling spec.")]));
+}
+
+function autoscalerCard(a) {
+  // the last decision and its signals, then the recent decisions (newest first) with their reasons
+  const s = a.signals || {};
+  return el("div", {class: "card", "data-autoscaler": a.name},
+    el("h3", {}, `${a.name} ${a.version} · target ${a.target} replicas`),
+    el("p", {class: "meta"}, a.decision ? `now: ${a.decision.desired} (${a.decision.reason})` : "no decision yet",
+       a.signals ? ` · queue ${s.queue_length} (oldest ${ms(s.queue_age_s)}) · in flight ${s.inflight}`
+                   + ` · KV ${pct(s.kv_usage)} · TTFT p95 ${ms(s.ttft_p95_s)} · cold start ${num(s.cold_start_s, 1)} s` : ""),
+    table(["when", "replicas", "desired", "reason"], a.recent_decisions.map(d =>
+      [when(d.at_unix_s), String(d.replicas), String(d.desired), d.reason]), `decisions-${a.name}`));
 }
 
 // tabs
