@@ -111,13 +111,21 @@ class Gateway:
         age = gauge("inferd_gateway_queue_oldest_age_seconds", "Age of the oldest waiting request.", labels)
         tokens = gauge("inferd_gateway_queued_tokens", "Reserved tokens of waiting requests.", labels)
         inflight = gauge("inferd_gateway_inflight_requests", "Requests running on replicas.", ["model"])
+        on_replica = gauge("inferd_gateway_replica_inflight_requests", "Requests this gateway has on each replica.",
+                           ["model", "replica"])
         for name, d in self.deployments.by_name.items():
             for cls, s in d.queue.stats().items():
                 length.add_metric([name, cls], s.length)
                 age.add_metric([name, cls], s.oldest_age_s)
                 tokens.add_metric([name, cls], s.queued_tokens)
             inflight.add_metric([name], d.queue.inflight)
-        yield from (length, age, tokens, inflight)
+            for u in d.upstreams:
+                on_replica.add_metric([name, u.name], u.inflight)
+        yield from (length, age, tokens, inflight, on_replica)
+        leases = gauge("inferd_gateway_concurrency_leases", "Concurrency leases this gateway holds (reserved against "
+                       "max_concurrency limits, not yet released).", [])
+        leases.add_metric([], self.limiter.leases_held)
+        yield leases
         pending = gauge("inferd_gateway_usage_records_pending", "Usage records journaled, not yet in the store.", [])
         pending.add_metric([], self.usage.pending)
         yield pending

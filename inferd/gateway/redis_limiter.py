@@ -113,6 +113,11 @@ class RedisLimiter:
         self._down_until = 0.0  # time.monotonic() before which Redis is not tried
         self._outage = False
         self.failures = 0  # calls that found Redis down
+        self._leasing: set[str] = set()  # Redis reservations with a concurrency charge, not yet settled there
+
+    @property
+    def leases_held(self) -> int:
+        return len(self._leasing) + self.local.leases_held
 
     @property
     def shared(self) -> bool:
@@ -129,6 +134,8 @@ class RedisLimiter:
         if not ok:
             reservation = await self.local.reserve(charges)
             self._local_ids.add(reservation.id)
+        elif any(c.kind == "concurrency" for c in charges):
+            self._leasing.add(reservation.id)
         return reservation
 
     async def settle(self, reservation: Reservation, actual: dict[str, float]) -> None:
@@ -197,6 +204,7 @@ class RedisLimiter:
             delta = c.amount - used if c.kind == "rate" else used - c.amount
             args += [c.kind, repr(float(c.limit)), repr(float(delta))]
         await self._settle(keys=[PREFIX + c.key for c in reservation.charges], args=args)
+        self._leasing.discard(reservation.id)
 
     async def close(self) -> None:
         await self.redis.aclose()

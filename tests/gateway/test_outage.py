@@ -82,14 +82,15 @@ async def test_redis_down_limits_count_in_process_and_its_leases_are_settled_whe
         local = [await limiter.reserve(conc), await limiter.reserve(conc)]
         with pytest.raises(RateLimited):  # in process, the limit still holds (for this gateway)
             await limiter.reserve(conc)
-        assert time.monotonic() - started < 0.5 and not limiter.shared
+        assert time.monotonic() - started < 0.5 and not limiter.shared and limiter.leases_held == 3
         for reservation in (held, *local):
             await limiter.settle(reservation, {})
+        assert limiter.leases_held == 1  # the Redis one, until Redis has it settled
         own_redis.start()
         assert direct.zcard(PREFIX + "outage:concurrency") == 1  # Redis kept the lease its settle could not free
         await asyncio.sleep(LOCAL_RETRY_S)
         await limiter.check(conc)  # the first call to Redis settles what waited for it
-        assert limiter.shared and direct.zcard(PREFIX + "outage:concurrency") == 0
+        assert limiter.shared and direct.zcard(PREFIX + "outage:concurrency") == 0 and limiter.leases_held == 0
         assert len([await limiter.reserve(conc), await limiter.reserve(conc)]) == 2
     finally:
         await limiter.close()
@@ -159,6 +160,7 @@ def test_serve_keeps_answering_through_a_store_and_redis_outage_and_loses_no_rec
         pending = [line for line in client.get("/metrics").text.splitlines()
                    if line.startswith("inferd_gateway_usage_records_pending")]
         assert pending == ["inferd_gateway_usage_records_pending 0.0"], pending
+        assert "inferd_gateway_concurrency_leases 0.0" in client.get("/metrics").text
         leases = redis.Redis(port=own_redis.port)
         assert leases.zcard(f"{PREFIX}{tenant.id}:concurrency") == 0  # no lease left taken by the outage
         leases.close()
