@@ -29,10 +29,11 @@ from inferd.gateway.kinds import Operation
 from inferd.gateway.lifecycle import RequestPath
 from inferd.gateway.sessions import PolicySessions
 from inferd.gateway.limits import Limiter
-from inferd.gateway.store import Store
+from inferd.gateway.store import UNAVAILABLE, Store
 from inferd.gateway.tokenize import TokenizerRoutes
 from inferd.gateway.transport import UpstreamTransport
 from inferd.gateway.usage import UsageRecord, UsageWriter
+from inferd.protocol.errors import APIError, ServiceUnavailable, to_api_error
 from inferd.protocol.http import RequestContextMiddleware, http_exception_handler
 from inferd.telemetry.gateway_metrics import GatewayMetrics, counter, gauge
 
@@ -197,6 +198,16 @@ async def _probe(client: httpx.AsyncClient, upstream: Upstream, ours: bool) -> b
         return False
 
 
+def gateway_error(exc: BaseException) -> APIError:
+    """The gateway's errors: a store that cannot be reached is 503 store_unavailable on any route (admin, files,
+    batches, console), never a 500; the rest as every route maps them."""
+    if isinstance(exc, UNAVAILABLE):
+        log.warning("store unavailable (%s)", type(exc).__name__)
+        return ServiceUnavailable("The store is unavailable; retry shortly.", code="store_unavailable",
+                                  headers={"retry-after": "1"})
+    return to_api_error(exc)
+
+
 def build_gateway_app(gateway: Gateway, extra_routes: list[Route] = ()) -> Starlette:
     """extra_routes: served beside the gateway's own (the console's, from the control plane)."""
     @asynccontextmanager
@@ -210,6 +221,6 @@ def build_gateway_app(gateway: Gateway, extra_routes: list[Route] = ()) -> Starl
             await gateway.close()
 
     return Starlette(routes=GatewayRoutes(gateway).routes() + list(extra_routes),
-                     middleware=[Middleware(RequestContextMiddleware, api_key=None)],
+                     middleware=[Middleware(RequestContextMiddleware, api_key=None, map_error=gateway_error)],
                      exception_handlers={HTTPException: http_exception_handler},
                      lifespan=lifespan)

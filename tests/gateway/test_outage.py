@@ -130,6 +130,7 @@ def test_serve_keeps_answering_through_a_store_and_redis_outage_and_loses_no_rec
             down_s = time.monotonic()
             time.sleep(0.6)  # past the key cache's TTL
             refused = chat(client, unseen.key)
+            files = client.get("/v1/files", headers={"authorization": f"Bearer {known.key}"})  # a route on the store
             time.sleep(2.0)
             postgres.start()
             own_redis.start()
@@ -143,6 +144,7 @@ def test_serve_keeps_answering_through_a_store_and_redis_outage_and_loses_no_rec
                 f.result()
         during = [a for a in answers if down_s < a[2] < up_s]
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "store_unavailable"
+        assert files.status_code == 503 and files.json()["error"]["code"] == "store_unavailable", files.text
         assert back.status_code == 200 and recovered_s < 3.0, (back.text, recovered_s)
         assert len(during) >= 3 and {a[0] for a in answers} == {200}, {a[0] for a in answers}
         served = {a[1] for a in answers}  # a refusal before its key was known has no record
