@@ -109,7 +109,7 @@ class RedisLimiter:
         self._settle = self.redis.register_script(SETTLE)
         self.local = MemoryLimiter()  # while Redis is down
         self._local_ids: set[str] = set()  # reservations the local limiter holds
-        self._unsettled: deque[tuple[Reservation, dict[str, float]]] = deque(maxlen=MAX_UNSETTLED)
+        self._unsettled: deque[tuple[Reservation, dict[str, float]]] = deque()
         self._down_until = 0.0  # time.monotonic() before which Redis is not tried
         self._outage = False
         self.failures = 0  # calls that found Redis down
@@ -145,6 +145,8 @@ class RedisLimiter:
             return
         ok, _ = await self._shared(self._run_settle, reservation, actual)
         if not ok:
+            if len(self._unsettled) == MAX_UNSETTLED:  # the oldest is left to its lease's expiry
+                self._leasing.discard(self._unsettled.popleft()[0].id)
             self._unsettled.append((reservation, actual))
 
     async def _shared(self, call, *args) -> tuple[bool, Any]:
