@@ -4,7 +4,8 @@ Chat requests (a short prompt, 32 output tokens, each prompt different) arrive a
 measured from each request's scheduled time. Capacity: the completed requests per second at a rate well
 above what the replica can do (the queue bounded, so the excess is refused). Then 3x and 10x of capacity for
 --seconds each. Per rate: goodput (answers 200 within --slo-s per second), rejections (429/503) and their
-latency as the client measures it (p50/p99), errors, requests past their deadline. After the load: from
+latency as the client measures it (p50/p99) beside the client's own event-loop lag (a 10 ms sleep's
+overshoot: what of a p99 is the client's), errors, requests past their deadline. After the load: from
 /metrics, the gateway's queue length, in-flight count (per deployment and per replica), the concurrency leases
 it holds (the tenant has a max_concurrency limit, so every request takes one) and usage records pending, all
 of which must be 0 (`after_load_all_zero`); the RSS of the gateway process before/after. With --soak-minutes,
@@ -28,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.embeddings import ROOT, started_server, stopped
+from inferd.bench.lag import LagMonitor
 from inferd.gateway.store import Store
 from inferd.models.loader import default_model_path
 
@@ -68,17 +70,21 @@ async def run_rate(url: str, rate: float, seconds: float, slo_s: float) -> dict:
             else:
                 errors.append(str(r.status_code))
 
+        lag = LagMonitor()
+        watch = asyncio.create_task(lag.run())  # the client's own delay is inside what it measures
         t0, at, tasks = time.perf_counter() + 0.2, 0.0, []
         while at < seconds:
             tasks.append(asyncio.create_task(one(len(tasks), t0 + at)))
             at += rng.expovariate(rate)
         await asyncio.gather(*tasks)
+        watch.cancel()
     good = [x for x in ok if x <= slo_s]
     return {"rate_per_s": round(rate, 2), "seconds": seconds, "sent": len(tasks), "answered": len(ok),
             "goodput_per_s": round(len(good) / seconds, 2), "answered_p50_ms": quantile(ok, 0.5),
             "answered_p99_ms": quantile(ok, 0.99), "rejected": len(rejected), "rejection_codes": codes,
             "rejection_p50_ms": quantile(rejected, 0.5), "rejection_p99_ms": quantile(rejected, 0.99),
-            "rejection_max_ms": quantile(rejected, 1.0), "errors": len(errors), "error_kinds": sorted(set(errors))}
+            "rejection_max_ms": quantile(rejected, 1.0), "errors": len(errors), "error_kinds": sorted(set(errors)),
+            "client_lag_ms": {k: round(v, 2) for k, v in lag.summary().items()}}
 
 
 AFTER_LOAD = ("inferd_gateway_queue_length", "inferd_gateway_inflight_requests",
@@ -166,11 +172,13 @@ def markdown(r: dict) -> str:
              f"SLO: answered within {r['settings']['slo_s']:g} s.", "",
              f"Capacity: **{r['capacity_per_s']} req/s** (answered per second at 40 req/s offered).", "",
              "| rate | offered/s | goodput/s | answered p50 ms | rejected | rejection p50 ms | p99 ms | max ms "
-             "| errors | codes |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| client loop lag p99 ms | errors | codes |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, x in r["rates"].items():
+        lag = x.get("client_lag_ms", {}).get("p99_ms")
         lines.append(f"| {name} | {x['rate_per_s']} | {x['goodput_per_s']} | {x['answered_p50_ms']} | {x['rejected']} "
-                     f"| {x['rejection_p50_ms']} | {x['rejection_p99_ms']} | {x['rejection_max_ms']} | {x['errors']} "
-                     f"| {x['rejection_codes']} |")
+                     f"| {x['rejection_p50_ms']} | {x['rejection_p99_ms']} | {x['rejection_max_ms']} | {lag} "
+                     f"| {x['errors']} | {x['rejection_codes']} |")
     a, m = r["after_load"], r["gateway_rss_mib"]
     lines += ["", f"After the load (2 s later): queue length {a['inferd_gateway_queue_length']:g}, in flight "
               f"{a['inferd_gateway_inflight_requests']:g} (on replicas "
