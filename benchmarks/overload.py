@@ -4,10 +4,15 @@ Chat requests (a short prompt, 32 output tokens, each prompt different) arrive a
 measured from each request's scheduled time. Capacity: the completed requests per second at a rate well
 above what the replica can do (the queue bounded, so the excess is refused). Then 3x and 10x of capacity for
 --seconds each. Per rate: goodput (answers 200 within --slo-s per second), rejections (429/503) and their
-latency as the client measures it (p50/p99), errors, requests past their deadline. After the load: the
-gateway's queue length and in-flight count from /metrics, and the RSS of the gateway process before/after.
+latency as the client measures it (p50/p99) beside the client's own event-loop lag (a 10 ms sleep's
+overshoot: what of a p99 is the client's), errors, requests past their deadline. After the load: from
+/metrics, the gateway's queue length, in-flight count (per deployment and per replica), the concurrency leases
+it holds (the tenant has a max_concurrency limit, so every request takes one) and usage records pending, all
+of which must be 0 (`after_load_all_zero`); the RSS of the gateway process before/after. With --soak-minutes,
+then --soak-factor x capacity for that long: the gateway's RSS before and after (goal: within 10 %).
 
     PYTHONPATH=. .venv/bin/python benchmarks/overload.py  # ~3 min on 2 cores
+    PYTHONPATH=. .venv/bin/python benchmarks/overload.py --soak-minutes 5 --out benchmarks/results/overload-soak.json
 """
 import argparse
 import asyncio
@@ -24,6 +29,8 @@ from pathlib import Path
 import httpx
 
 from benchmarks.embeddings import ROOT, started_server, stopped
+from inferd.bench.lag import LagMonitor
+from inferd.gateway.store import Store
 from inferd.models.loader import default_model_path
 
 KEY = "sk-bench-overload"
@@ -63,24 +70,32 @@ async def run_rate(url: str, rate: float, seconds: float, slo_s: float) -> dict:
             else:
                 errors.append(str(r.status_code))
 
+        lag = LagMonitor()
+        watch = asyncio.create_task(lag.run())  # the client's own delay is inside what it measures
         t0, at, tasks = time.perf_counter() + 0.2, 0.0, []
         while at < seconds:
             tasks.append(asyncio.create_task(one(len(tasks), t0 + at)))
             at += rng.expovariate(rate)
         await asyncio.gather(*tasks)
+        watch.cancel()
     good = [x for x in ok if x <= slo_s]
     return {"rate_per_s": round(rate, 2), "seconds": seconds, "sent": len(tasks), "answered": len(ok),
             "goodput_per_s": round(len(good) / seconds, 2), "answered_p50_ms": quantile(ok, 0.5),
             "answered_p99_ms": quantile(ok, 0.99), "rejected": len(rejected), "rejection_codes": codes,
             "rejection_p50_ms": quantile(rejected, 0.5), "rejection_p99_ms": quantile(rejected, 0.99),
-            "rejection_max_ms": quantile(rejected, 1.0), "errors": len(errors), "error_kinds": sorted(set(errors))}
+            "rejection_max_ms": quantile(rejected, 1.0), "errors": len(errors), "error_kinds": sorted(set(errors)),
+            "client_lag_ms": {k: round(v, 2) for k, v in lag.summary().items()}}
+
+
+AFTER_LOAD = ("inferd_gateway_queue_length", "inferd_gateway_inflight_requests",
+              "inferd_gateway_replica_inflight_requests", "inferd_gateway_concurrency_leases",
+              "inferd_gateway_usage_records_pending")
 
 
 def gateway_state(url: str) -> dict:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     out = {}
-    for name in ("inferd_gateway_queue_length", "inferd_gateway_inflight_requests",
-                 "inferd_gateway_usage_records_pending"):
+    for name in AFTER_LOAD:
         out[name] = sum(float(m) for m in re.findall(rf"^{name}{{?[^\n]*}}? ([0-9.e+-]+)$", text, re.M))
     return out
 
@@ -93,6 +108,8 @@ def main() -> None:
     p.add_argument("--max-inflight", type=int, default=16)
     p.add_argument("--max-queue-len", type=int, default=4, help="short, so that a wait stays within the SLO")
     p.add_argument("--num-threads", type=int, default=1, help="the replica's engine threads")
+    p.add_argument("--soak-minutes", type=float, default=0.0, help="then this long at --soak-factor x capacity")
+    p.add_argument("--soak-factor", type=float, default=5.0)
     p.add_argument("--port", type=int, default=8971)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "overload.json")
     args = p.parse_args()
@@ -104,6 +121,10 @@ def main() -> None:
                "--max-model-len", "512", "--num-threads", str(args.num_threads),
                "--max-inflight", str(args.max_inflight), "--max-queue-len", str(args.max_queue_len),
                "--log-level", "warning"]
+    store = Store(f"sqlite:///{folder / 'inferd.db'}")  # the key's tenant, with a concurrency limit to lease
+    store.migrate()
+    store.create_tenant("default", limits={"max_concurrency": 100_000})
+    store.close()
     load_before = os.getloadavg()
     proc = started_server(command, f"{url}/ready", {"PYTHONPATH": str(ROOT)}, "inferd-overload")
     try:
@@ -118,6 +139,13 @@ def main() -> None:
         time.sleep(2.0)
         after = gateway_state(url)
         rss_after = rss_mib(proc.pid)
+        soak = None
+        if args.soak_minutes:
+            x = asyncio.run(run_rate(url, args.soak_factor * capacity, args.soak_minutes * 60, args.slo_s))
+            time.sleep(2.0)
+            soak = {"rate": x, "after_load": gateway_state(url), "rss_mib_before": round(rss_after, 1),
+                    "rss_mib_after": round(rss_mib(proc.pid), 1)}
+            soak["rss_ratio"] = round(soak["rss_mib_after"] / soak["rss_mib_before"], 3)
     finally:
         stopped(proc)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -125,7 +153,10 @@ def main() -> None:
                           "shared": "2 cores shared with two other agents' work"},
               "settings": vars(args) | {"out": args.out.name, "model": "SmolLM2-135M-Instruct (default)"},
               "capacity_per_s": round(capacity, 2), "rates": rates, "after_load": after,
+              "after_load_all_zero": not any(after.values()),
               "gateway_rss_mib": {"before": round(rss_before, 1), "after": round(rss_after, 1)}}
+    if soak is not None:
+        result["soak"] = soak
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
@@ -141,16 +172,27 @@ def markdown(r: dict) -> str:
              f"SLO: answered within {r['settings']['slo_s']:g} s.", "",
              f"Capacity: **{r['capacity_per_s']} req/s** (answered per second at 40 req/s offered).", "",
              "| rate | offered/s | goodput/s | answered p50 ms | rejected | rejection p50 ms | p99 ms | max ms "
-             "| errors | codes |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| client loop lag p99 ms | errors | codes |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, x in r["rates"].items():
+        lag = x.get("client_lag_ms", {}).get("p99_ms")
         lines.append(f"| {name} | {x['rate_per_s']} | {x['goodput_per_s']} | {x['answered_p50_ms']} | {x['rejected']} "
-                     f"| {x['rejection_p50_ms']} | {x['rejection_p99_ms']} | {x['rejection_max_ms']} | {x['errors']} "
-                     f"| {x['rejection_codes']} |")
+                     f"| {x['rejection_p50_ms']} | {x['rejection_p99_ms']} | {x['rejection_max_ms']} | {lag} "
+                     f"| {x['errors']} | {x['rejection_codes']} |")
     a, m = r["after_load"], r["gateway_rss_mib"]
     lines += ["", f"After the load (2 s later): queue length {a['inferd_gateway_queue_length']:g}, in flight "
-              f"{a['inferd_gateway_inflight_requests']:g}, usage records pending "
+              f"{a['inferd_gateway_inflight_requests']:g} (on replicas "
+              f"{a.get('inferd_gateway_replica_inflight_requests', 0):g}), concurrency leases "
+              f"{a.get('inferd_gateway_concurrency_leases', 0):g}, usage records pending "
               f"{a['inferd_gateway_usage_records_pending']:g}; gateway RSS {m['before']} MiB before, {m['after']} MiB "
               "after.", ""]
+    if "soak" in r:
+        s, x = r["soak"], r["soak"]["rate"]
+        lines += [f"Soak: {r['settings']['soak_factor']:g}x capacity ({x['rate_per_s']} req/s) for "
+                  f"{r['settings']['soak_minutes']:g} min: {x['sent']} sent, {x['answered']} answered, {x['rejected']} "
+                  f"rejected (p99 {x['rejection_p99_ms']} ms), {x['errors']} errors. Gateway RSS {s['rss_mib_before']} "
+                  f"MiB before, {s['rss_mib_after']} MiB after: **ratio {s['rss_ratio']}** (goal at most 1.10). After "
+                  f"it: {s['after_load']}.", ""]
     return "\n".join(lines)
 
 

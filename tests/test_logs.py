@@ -27,3 +27,20 @@ def test_commands_print_no_migration_lines_unless_debug(tmp_path):
     quiet = subprocess.run([sys.executable, "-m", "inferd.cli", "tenants", "list", "--db", db],
                            capture_output=True, text=True, timeout=60)
     assert quiet.returncode == 0 and "alembic" not in quiet.stderr + quiet.stdout
+
+
+def test_library_info_lines_show_only_at_debug():
+    from inferd.telemetry.logs import own_or_warning
+
+    def line(name: str, level: int) -> logging.LogRecord:
+        return logging.LogRecord(name, level, "", 0, "x", (), None)
+    assert own_or_warning(line("inferd", logging.INFO)) and own_or_warning(line("inferd.gateway.access", logging.INFO))
+    assert not own_or_warning(line("uvicorn.error", logging.INFO))  # "Started server process [...]"
+    assert not own_or_warning(line("inferdx", logging.INFO)) and own_or_warning(line("uvicorn.error", logging.WARNING))
+
+
+def test_serve_prints_no_library_info_line(smollm2_server):
+    _, log_path = smollm2_server
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    assert lines and all(x["logger"].startswith("inferd") for x in lines if x["level"] in ("info", "debug")), \
+        sorted({x["logger"] for x in lines if x["level"] == "info"})

@@ -31,11 +31,12 @@ from inferd.gateway.kinds import Operation
 from inferd.gateway.lifecycle import RequestPath
 from inferd.gateway.sessions import PolicySessions
 from inferd.gateway.limits import Limiter
-from inferd.gateway.store import Store
+from inferd.gateway.store import UNAVAILABLE, Store
 from inferd.gateway.tokenize import TokenizerRoutes
 from inferd.gateway.transport import UpstreamTransport
 from inferd.gateway.usage import UsageRecord, UsageWriter
 from inferd.gateway.webhooks import WebhookSecrets
+from inferd.protocol.errors import APIError, ServiceUnavailable, to_api_error
 from inferd.protocol.http import RequestContextMiddleware, http_exception_handler
 from inferd.telemetry.gateway_metrics import GatewayMetrics, counter, gauge
 
@@ -119,13 +120,21 @@ class Gateway:
         age = gauge("inferd_gateway_queue_oldest_age_seconds", "Age of the oldest waiting request.", labels)
         tokens = gauge("inferd_gateway_queued_tokens", "Reserved tokens of waiting requests.", labels)
         inflight = gauge("inferd_gateway_inflight_requests", "Requests running on replicas.", ["model"])
+        on_replica = gauge("inferd_gateway_replica_inflight_requests", "Requests this gateway has on each replica.",
+                           ["model", "replica"])
         for name, d in self.deployments.by_name.items():
             for cls, s in d.queue.stats().items():
                 length.add_metric([name, cls], s.length)
                 age.add_metric([name, cls], s.oldest_age_s)
                 tokens.add_metric([name, cls], s.queued_tokens)
             inflight.add_metric([name], d.queue.inflight)
-        yield from (length, age, tokens, inflight)
+            for u in d.upstreams:
+                on_replica.add_metric([name, u.name], u.inflight)
+        yield from (length, age, tokens, inflight, on_replica)
+        leases = gauge("inferd_gateway_concurrency_leases", "Concurrency leases this gateway holds (reserved against "
+                       "max_concurrency limits, not yet released).", [])
+        leases.add_metric([], self.limiter.leases_held)
+        yield leases
         pending = gauge("inferd_gateway_usage_records_pending", "Usage records journaled, not yet in the store.", [])
         pending.add_metric([], self.usage.pending)
         yield pending
@@ -203,6 +212,16 @@ async def _probe(client: httpx.AsyncClient, upstream: Upstream, ours: bool) -> b
         return False
 
 
+def gateway_error(exc: BaseException) -> APIError:
+    """The gateway's errors: a store that cannot be reached is 503 store_unavailable on any route (admin, files,
+    batches, console), never a 500; the rest as every route maps them."""
+    if isinstance(exc, UNAVAILABLE):
+        log.warning("store unavailable (%s)", type(exc).__name__)
+        return ServiceUnavailable("The store is unavailable; retry shortly.", code="store_unavailable",
+                                  headers={"retry-after": "1"})
+    return to_api_error(exc)
+
+
 def build_gateway_app(gateway: Gateway, extra_routes: list[Route] = ()) -> Starlette:
     """extra_routes: served beside the gateway's own (the console's, from the control plane)."""
     @asynccontextmanager
@@ -216,6 +235,6 @@ def build_gateway_app(gateway: Gateway, extra_routes: list[Route] = ()) -> Starl
             await gateway.close()
 
     return Starlette(routes=GatewayRoutes(gateway).routes() + list(extra_routes),
-                     middleware=[Middleware(RequestContextMiddleware, api_key=None)],
+                     middleware=[Middleware(RequestContextMiddleware, api_key=None, map_error=gateway_error)],
                      exception_handlers={HTTPException: http_exception_handler},
                      lifespan=lifespan)

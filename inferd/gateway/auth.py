@@ -4,6 +4,11 @@ A key id the store does not have is cached as absent for the same TTL, so repeat
 store read per TTL. Random keys are each new, so failed authentications are also limited per client
 address (a token bucket): an address past its allowance is answered 429 at once, without a store read,
 unless its key is one the cache already holds as valid (good clients behind the same address keep working).
+
+While the store cannot be read: a key this gateway has seen valid keeps working (fail open, for at most
+STALE_KEY_MAX_S; a revocation made meanwhile takes effect when the store answers again); any other key is
+refused 503 `store_unavailable` (fail closed), and for STORE_RETRY_S after a failed read the store is not
+tried again, so a flood of unknown keys during an outage costs no connection attempts.
 """
 import asyncio
 import time
@@ -12,13 +17,15 @@ from collections import OrderedDict
 from inferd.gateway.keys import key_matches, lookup_id_of
 from inferd.gateway.limits import retry_after_header
 from inferd.gateway.policy import KeyPolicy
-from inferd.gateway.store import Store
-from inferd.protocol.errors import AuthenticationFailed, RateLimitExceeded
+from inferd.gateway.store import UNAVAILABLE, Store
+from inferd.protocol.errors import AuthenticationFailed, RateLimitExceeded, ServiceUnavailable
 
 MAX_CACHED_KEYS = 10_000
 AUTH_FAILURE_BURST = 20  # failed authentications an address may make at once
 AUTH_FAILURES_PER_S = 1.0  # and then this many a second
 MAX_TRACKED_ADDRESSES = 10_000  # beyond, the least recently failed address is forgotten
+STALE_KEY_MAX_S = 3600.0  # a valid key's cached entry serves this long past its TTL while the store is down
+STORE_RETRY_S = 1.0  # after a failed store read, keys not cached are refused this long without a read
 
 
 class FailedAuthentications:
@@ -60,6 +67,8 @@ class KeyCache:
         self.ttl_s = ttl_s
         self.failures = FailedAuthentications()
         self.store_reads = 0
+        self.store_failures = 0  # reads that failed because the store could not be reached
+        self._store_down_until = 0.0  # time.monotonic() before which the store is not read
         self._cache: dict[str, tuple[float, tuple[KeyPolicy, str] | None]] = {}
         self._loading: dict[str, asyncio.Future] = {}
 
@@ -96,6 +105,8 @@ class KeyCache:
         cached = self._cache.get(lookup)
         if cached is not None and cached[0] > time.monotonic():
             return cached[1]
+        if time.monotonic() < self._store_down_until:
+            return self._stale(lookup)
         if lookup not in self._loading:  # one store read per key however many requests wait for it
             self._loading[lookup] = asyncio.ensure_future(self._load(lookup))
         return await asyncio.shield(self._loading[lookup])
@@ -104,12 +115,24 @@ class KeyCache:
         try:
             self.store_reads += 1
             found = await asyncio.to_thread(self.store.find_key, lookup)
-            if len(self._cache) >= MAX_CACHED_KEYS:
-                self._evict_expired()
-            self._cache[lookup] = (time.monotonic() + self.ttl_s, found)
-            return found
+        except UNAVAILABLE:
+            self.store_failures += 1
+            self._store_down_until = time.monotonic() + STORE_RETRY_S
+            return self._stale(lookup)
         finally:
             del self._loading[lookup]
+        if len(self._cache) >= MAX_CACHED_KEYS:
+            self._evict_expired()
+        self._cache[lookup] = (time.monotonic() + self.ttl_s, found)
+        return found
+
+    def _stale(self, lookup: str) -> tuple[KeyPolicy, str]:
+        """While the store is down: the key's last valid entry, else 503 (an unknown key is never let in)."""
+        cached = self._cache.get(lookup)
+        if cached is not None and cached[1] is not None and time.monotonic() - cached[0] < STALE_KEY_MAX_S:
+            return cached[1]
+        raise ServiceUnavailable("The key store is unavailable and this gateway has not seen this key yet; "
+                                 "retry shortly.", code="store_unavailable", headers={"retry-after": "1"})
 
     def _evict_expired(self) -> None:
         now = time.monotonic()

@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 from inferd.gateway import admission
 from inferd.gateway.limits import Charge, RateLimited, ratelimit_headers, retry_after_header
 from inferd.gateway.policy import KeyPolicy, Limits
-from inferd.gateway.store import Store
-from inferd.protocol.errors import APIError, InvalidRequest, Overloaded, RateLimitExceeded
+from inferd.gateway.store import UNAVAILABLE, Store
+from inferd.protocol.errors import APIError, InvalidRequest, Overloaded, RateLimitExceeded, ServiceUnavailable
 
 LIMIT_MESSAGES = {
     "requests_per_minute": "requests per minute", "tokens_per_minute": "tokens per minute",
@@ -37,7 +37,8 @@ class Plan:
 
 class Charges:
     """The charges of one request: per-scope limits from the key's policy, and the tenant's budget, whose
-    spend so far is read from the store once per budget period."""
+    spend so far is read from the store once per budget period (a store that cannot be read then refuses the
+    request 503 `store_unavailable`: a budget is never spent blind)."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -50,7 +51,12 @@ class Charges:
             start, end = budget_period(tenant.budget_period, time.time())
             spent = self._spent.get((tenant.id, start))
             if spent is None:
-                spent = await asyncio.to_thread(self.store.spent_usd, tenant.id, start)
+                try:
+                    spent = await asyncio.to_thread(self.store.spent_usd, tenant.id, start)
+                except UNAVAILABLE:
+                    raise ServiceUnavailable("The store is unavailable and your tenant's budget spend is not known "
+                                             "yet on this gateway; retry shortly.", code="store_unavailable",
+                                             headers={"retry-after": "1"}) from None
                 self._spent[(tenant.id, start)] = spent
             out.append(Charge(f"{tenant.id}:budget:{int(start)}", "budget", "budget", "tenant", tenant.budget_usd,
                               plan.cost_usd, end, spent))

@@ -41,7 +41,7 @@ from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.usage import UsageRecord
 from inferd.protocol import headers
 from inferd.protocol.errors import (APIError, DeadlineExceeded, DeadlineUnmeetable, InvalidRequest, ModelNotFound,
-                                    Overloaded, PermissionDenied, to_api_error)
+                                    Overloaded, PermissionDenied, ServiceUnavailable, to_api_error)
 from inferd.protocol.http import cancelled_on_disconnect, read_body
 from inferd.protocol.sse import SSE_DONE, SSEResponse
 from inferd.telemetry.gateway_metrics import GatewayMetrics
@@ -314,11 +314,12 @@ class RequestPath:
         """Reserve the worst case, then wait for a slot; False (the outcome says why) if refused."""
         a, d, plan = attempt.admission, attempt.deployment, attempt.plan
         with self._child("admission", x):
-            charges = await self.charges.of(x.key, d.name, plan)
             try:
-                a.reservation = await self.limiter.reserve(charges)
+                a.reservation = await self.limiter.reserve(await self.charges.of(x.key, d.name, plan))
             except RateLimited as exc:
                 return self._refuse(attempt, rate_limited(exc), "rejected")
+            except ServiceUnavailable as exc:  # a budget's spend could not be read
+                return self._refuse(attempt, exc, "rejected")
         with self._child("queue", x) as span:
             try:
                 a.queue_s = await d.queue.admit(self._ticket(x, plan.reserved_tokens))

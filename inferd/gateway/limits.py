@@ -51,6 +51,8 @@ class RateLimited(Exception):
 
 
 class Limiter(Protocol):
+    leases_held: int  # concurrency leases this gateway holds (reserved, not yet settled): 0 once load stops
+
     async def check(self, charges: list[Charge]) -> None: ...  # raises RateLimited as reserve would; takes nothing
     async def reserve(self, charges: list[Charge]) -> Reservation: ...
     async def settle(self, reservation: Reservation, actual: dict[str, float]) -> None: ...
@@ -77,6 +79,10 @@ class MemoryLimiter:
         self._buckets: dict[str, _Bucket] = {}
         self._leases: dict[str, set[str]] = {}
         self._spent: dict[str, float] = {}
+
+    @property
+    def leases_held(self) -> int:
+        return sum(len(held) for held in self._leases.values())
 
     async def check(self, charges: list[Charge]) -> None:
         self._fits(charges)

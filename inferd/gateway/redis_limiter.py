@@ -1,15 +1,34 @@
 """The same reservations as limits.MemoryLimiter, shared by every gateway through one Redis.
 
 Each reserve and settle is one Lua script, so it is atomic across gateways; time is Redis' clock.
+
+While Redis cannot be reached (a call fails or takes over REDIS_TIMEOUT_S), the gateway keeps serving: it
+checks and reserves against its own in-process limiter (the same limits, counted by this gateway alone, so
+N gateways may let a tenant have up to N times its rates and concurrency for the outage) and tries Redis
+again after LOCAL_RETRY_S. A Redis reservation whose settle failed waits in memory and is settled in Redis
+before anything else once it answers, so no concurrency lease stays taken for CONCURRENCY_LEASE_S.
 """
+import logging
 import time
+from collections import deque
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from inferd.gateway.limits import (CONCURRENCY_LEASE_S, BucketState, Charge, RateLimited, Reservation,
-                                   after_reserve, new_reservation_id, retry_after_s)
+from inferd.gateway.limits import (CONCURRENCY_LEASE_S, BucketState, Charge, MemoryLimiter, RateLimited,
+                                   Reservation, after_reserve, new_reservation_id, retry_after_s)
+
+log = logging.getLogger(__name__)
 
 PREFIX = "inferd:limit:"
+REDIS_TIMEOUT_S = 2.0  # a Redis call slower than this counts as Redis being down
+LOCAL_RETRY_S = 1.0  # after a failed call, limits are counted in process this long before Redis is tried again
+MAX_UNSETTLED = 100_000  # Redis reservations waiting to be settled; beyond, the oldest are left to their leases
+DOWN = (RedisConnectionError, RedisTimeoutError)
 
 RESERVE = """
 local t = redis.call('TIME')
@@ -83,15 +102,88 @@ return 1
 
 class RedisLimiter:
     def __init__(self, url: str):
-        self.redis = Redis.from_url(url)
+        # a pooled connection that Redis closed while it was away fails once: tried again on a new one
+        self.redis = Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S,
+                                    retry=Retry(NoBackoff(), 1, (RedisConnectionError,)))
         self._reserve = self.redis.register_script(RESERVE)
         self._settle = self.redis.register_script(SETTLE)
+        self.local = MemoryLimiter()  # while Redis is down
+        self._local_ids: set[str] = set()  # reservations the local limiter holds
+        self._unsettled: deque[tuple[Reservation, dict[str, float]]] = deque()
+        self._down_until = 0.0  # time.monotonic() before which Redis is not tried
+        self._outage = False
+        self.failures = 0  # calls that found Redis down
+        self._leasing: set[str] = set()  # Redis reservations with a concurrency charge, not yet settled there
+
+    @property
+    def leases_held(self) -> int:
+        return len(self._leasing) + self.local.leases_held
+
+    @property
+    def shared(self) -> bool:
+        """Whether limits are counted in Redis (False: by this gateway alone, during an outage)."""
+        return not self._outage
 
     async def check(self, charges: list[Charge]) -> None:
-        await self._run_reserve(charges, dry=True)
+        ok, _ = await self._shared(self._run_reserve, charges, True)
+        if not ok:
+            await self.local.check(charges)
 
     async def reserve(self, charges: list[Charge]) -> Reservation:
-        return await self._run_reserve(charges, dry=False)
+        ok, reservation = await self._shared(self._run_reserve, charges, False)
+        if not ok:
+            reservation = await self.local.reserve(charges)
+            self._local_ids.add(reservation.id)
+        elif any(c.kind == "concurrency" for c in charges):
+            self._leasing.add(reservation.id)
+        return reservation
+
+    async def settle(self, reservation: Reservation, actual: dict[str, float]) -> None:
+        if reservation.id in self._local_ids:
+            self._local_ids.discard(reservation.id)
+            await self.local.settle(reservation, actual)
+            return
+        ok, _ = await self._shared(self._run_settle, reservation, actual)
+        if not ok:
+            if len(self._unsettled) == MAX_UNSETTLED:  # the oldest is left to its lease's expiry
+                self._leasing.discard(self._unsettled.popleft()[0].id)
+            self._unsettled.append((reservation, actual))
+
+    async def _shared(self, call, *args) -> tuple[bool, Any]:
+        """(True, call's result) from Redis; (False, None) if Redis is down (RateLimited passes through)."""
+        if time.monotonic() < self._down_until:
+            return False, None
+        try:
+            await self._settle_waiting()
+            result = await call(*args)
+        except DOWN as exc:
+            self.failures += 1
+            self._down_until = time.monotonic() + LOCAL_RETRY_S
+            if not self._outage:
+                self._outage = True
+                log.error("Redis unavailable (%s): rate limits and concurrency are counted by this gateway alone "
+                          "until it answers", type(exc).__name__)
+            return False, None
+        except RateLimited:
+            self._answered()
+            raise
+        self._answered()
+        return True, result
+
+    async def _settle_waiting(self) -> None:
+        """What waited for Redis goes first (each taken out before its await: concurrent callers share the work)."""
+        while self._unsettled:
+            waiting = self._unsettled.popleft()
+            try:
+                await self._run_settle(*waiting)
+            except DOWN:
+                self._unsettled.appendleft(waiting)
+                raise
+
+    def _answered(self) -> None:
+        if self._outage:
+            self._outage = False
+            log.warning("Redis answers again: rate limits and concurrency are shared between gateways again")
 
     async def _run_reserve(self, charges: list[Charge], dry: bool) -> Reservation:
         """The reserve script; dry: only whether it would fit (raises as reserve would), nothing taken."""
@@ -107,13 +199,14 @@ class RedisLimiter:
             raise RateLimited(c, retry_after_s(c, states[fail - 1], time.time()), states)
         return Reservation(rid, charges, after_reserve(states))
 
-    async def settle(self, reservation: Reservation, actual: dict[str, float]) -> None:
+    async def _run_settle(self, reservation: Reservation, actual: dict[str, float]) -> None:
         args: list = [reservation.id]
         for c in reservation.charges:
             used = actual.get(c.key, c.amount)
             delta = c.amount - used if c.kind == "rate" else used - c.amount
             args += [c.kind, repr(float(c.limit)), repr(float(delta))]
         await self._settle(keys=[PREFIX + c.key for c in reservation.charges], args=args)
+        self._leasing.discard(reservation.id)
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -32,7 +32,7 @@ from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.usage import UsageRecord
 from inferd.protocol import headers
 from inferd.gateway.auth import client_address
-from inferd.protocol.errors import APIError, AuthenticationFailed, RateLimitExceeded
+from inferd.protocol.errors import APIError, AuthenticationFailed, RateLimitExceeded, ServiceUnavailable
 from inferd.protocol.policy import (CLOSE_CODES, WEBSOCKET_PATH, PolicyError, check_observation, packb, unpackb,
                                     valid_until)
 from inferd.telemetry.gateway_metrics import gauge
@@ -126,6 +126,8 @@ class PolicySessions:
                               "'Authorization: Api-Key <key>' or Bearer"), close=CLOSE_CODES["unauthorized"])
         except RateLimitExceeded as exc:  # this address failed too often: refused without a store read
             raise PolicyError(exc.code, exc.message, close=CLOSE_CODES[exc.code])
+        except ServiceUnavailable as exc:  # the store is down and this key is not cached here
+            raise PolicyError("unavailable", exc.message, retry_after_s=1.0, close=CLOSE_CODES["unavailable"])
 
     def _open(self, ws: WebSocket, key: KeyPolicy) -> Session:
         name = ws.path_params["name"]

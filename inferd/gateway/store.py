@@ -8,7 +8,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, case, create_engine, event, func, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from inferd.gateway import rollups
 from inferd.gateway.keys import NewKey, generate_key
@@ -24,6 +24,10 @@ class StoreError(ValueError):
     """A store operation the caller can fix (unknown tenant, duplicate name)."""
 
 
+UNAVAILABLE = (OperationalError, InterfaceError)  # the store cannot be reached (down, restarting, refusing)
+CONNECT_TIMEOUT_S = 3  # a PostgreSQL that does not answer fails a read within this, instead of hanging it
+
+
 def default_db_url() -> str:
     home = Path.home() / ".inferd"
     return f"sqlite:///{home / 'inferd.db'}"
@@ -35,7 +39,8 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                         connect_args={"connect_timeout": CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {})
 
 
 def _sqlite_pragmas(conn: Any, record: Any) -> None:

@@ -31,10 +31,18 @@ class TextFormatter(logging.Formatter):
         return super().formatMessage(record) + "".join(f" {k}={v}" for k, v in extra_fields(record).items())
 
 
+def own_or_warning(record: logging.LogRecord) -> bool:
+    """Below WARNING, inferd's own lines only: a library's INFO (uvicorn's start-up and shut-down lines, which
+    uvicorn.run sets its own loggers' level for) shows with --log-level debug."""
+    return record.levelno >= logging.WARNING or record.name == "inferd" or record.name.startswith("inferd.")
+
+
 def setup_logging(level: str, fmt: str = "text") -> None:
     """The root logger's one handler; uvicorn's loggers propagate to it (uvicorn.run(log_config=None))."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    if level != "debug":
+        handler.addFilter(own_or_warning)
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     quiet = logging.DEBUG if level == "debug" else logging.WARNING
     logging.getLogger("httpx").setLevel(quiet)  # one line per upstream call is noise

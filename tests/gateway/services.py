@@ -1,6 +1,7 @@
 """Real Redis and PostgreSQL for the gateway's tests: Redis is started here, PostgreSQL comes from the
 environment (`.ci/run` starts it and sets INFERD_TEST_POSTGRES_URL). Without them the tests skip, unless
 INFERD_REQUIRE_SERVICES=1 (as in CI), where a missing service fails the test."""
+import glob
 import os
 import shutil
 import subprocess
@@ -74,3 +75,75 @@ def postgres_schema() -> Iterator[str]:
         with engine.begin() as conn:
             conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
         engine.dispose()
+
+
+PG_BIN = max(glob.glob("/usr/lib/postgresql/*/bin"), default="/usr/lib/postgresql/15/bin")  # Debian's layout
+
+
+class OwnRedis:
+    """A redis-server of the test's own on its own port, that the test may stop and start again: its data kept
+    across restarts (an append-only file in a folder of its own), as a Redis that was unreachable would keep it."""
+
+    def __init__(self, folder: str):
+        binary = shutil.which("redis-server")
+        if binary is None:
+            _missing("redis-server")
+        self.binary, self.folder, self.port = binary, folder, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "yes", "--appendfsync", "always", "--dir", self.folder],
+                                     stdout=subprocess.DEVNULL)
+        import redis
+        client = redis.Redis(port=self.port)
+        for _ in range(200):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+            self.proc = None
+
+
+class OwnPostgres:
+    """A PostgreSQL cluster of the test's own (initdb in a temporary folder, its own port, trust on loopback),
+    that the test may stop and start again with pg_ctl. Never the shared one."""
+
+    def __init__(self):
+        if not os.path.exists(f"{PG_BIN}/initdb"):
+            _missing("PostgreSQL's initdb")
+        import tempfile
+        self.folder = tempfile.mkdtemp(prefix="inferd-pg-")
+        self.port = free_port()
+        self.url = f"postgresql+psycopg://inferd@127.0.0.1:{self.port}/postgres"
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            shutil.chown(self.folder, "postgres")
+        self._run("initdb", "-D", f"{self.folder}/data", "-U", "inferd", "--auth=trust", "-E", "UTF8", "--no-sync")
+
+    def _run(self, tool: str, *args: str) -> None:
+        cmd = [f"{PG_BIN}/{tool}", *args]
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+
+    def start(self) -> None:
+        self._run("pg_ctl", "-D", f"{self.folder}/data", "-l", f"{self.folder}/log", "-w", "start", "-o",
+                  f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off")
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", f"{self.folder}/data", "-m", "immediate", "-w", "stop")
+
+    def remove(self) -> None:
+        try:
+            self.stop()
+        except subprocess.CalledProcessError:
+            pass  # already stopped
+        shutil.rmtree(self.folder, ignore_errors=True)
