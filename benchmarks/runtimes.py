@@ -42,16 +42,20 @@ deployments:
 """
 
 
-def bench(base_url: str, key: str, model: str, concurrency: int, requests: int, out: Path, sweep: bool = False
-          ) -> dict:
+def bench(base_url: str, key: str, model: str, concurrency: int, requests: int, out: Path, sweep: bool = False,
+          seed: int = 0) -> dict:
+    """One `inferd bench` report; a run whose client lagged (exit 3: the machine was too busy to measure) is
+    kept, flagged client_lagged."""
     mode = ["sweep", "--rates", "0.25,0.5,0.75,1,1.5,2"] if sweep else \
         ["run", "--arrival", "closed", "--concurrency", str(concurrency)]
     cmd = [sys.executable, "-m", "inferd.cli", "bench", *mode, "--base-url", base_url, "--api-key", key,
            "--model", model, "--tokenizer", str(default_model()), "--input-tokens", "256", "--output-tokens", "64",
            "--num-requests", str(requests), "--warmup-requests", "2", "--slo", "ttft_ms=3000,tpot_ms=300",
-           "--out", str(out), "--no-html", "--no-progress", "--log-level", "warning"]
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    return json.loads(out.with_name(out.name + ".json").read_text())
+           "--seed", str(seed), "--out", str(out), "--no-html", "--no-progress", "--log-level", "warning"]
+    code = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL).returncode
+    if code not in (0, 3):
+        raise RuntimeError(f"inferd bench exited with {code}")
+    return json.loads(out.with_name(out.name + ".json").read_text()) | {"client_lagged": code == 3}
 
 
 def default_model() -> Path:
@@ -64,11 +68,14 @@ def figures(report: dict) -> dict:
     lat = s["latency"]
     return {"output_tok_s": s["throughput"]["output_tokens_per_s"], "ttft_p50_ms": lat["ttft_ms"]["p50"],
             "ttft_p95_ms": lat["ttft_ms"]["p95"], "tpot_p50_ms": lat["tpot_ms"]["p50"],
-            "tpot_p95_ms": lat["tpot_ms"]["p95"], "completed": s["counts"]["completed"]}
+            "tpot_p95_ms": lat["tpot_ms"]["p95"], "completed": s["counts"]["completed"],
+            "client_lagged": int(report["client_lagged"])}
 
 
 def medians(runs: list[dict]) -> dict:
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    """Medians of each figure; client_lagged: how many of the runs lagged."""
+    return {k: sum(r[k] for r in runs) if k == "client_lagged" else statistics.median(r[k] for r in runs)
+            for k in runs[0]}
 
 
 def through_gateway(args, work: Path, python: str) -> tuple[dict, dict]:
@@ -88,7 +95,7 @@ def through_gateway(args, work: Path, python: str) -> tuple[dict, dict]:
             for i in range(args.repeats):
                 for model in runs:  # taking turns
                     runs[model].append(figures(bench(url, KEY, model, c, args.requests * max(c // 4, 1),
-                                                     work / f"{model}-c{c}-{i}")))
+                                                     work / f"{model}-c{c}-{i}", seed=100 * c + i)))
             out[str(c)] = {m: medians(r) for m, r in runs.items()}
             print(f"gateway, concurrency {c}: {json.dumps(out[str(c)])}", flush=True)
         sweeps = {}
@@ -115,8 +122,8 @@ def direct(args, python: str) -> dict:
             r.start()
             try:
                 r.wait_ready(1800)
-                runs = [figures(bench(r.url, r.api_key, model, 1, args.requests, Path(tmp) / f"{model}-{i}"))
-                        for i in range(args.repeats)]
+                runs = [figures(bench(r.url, r.api_key, model, 1, args.requests, Path(tmp) / f"{model}-{i}",
+                                      seed=1000 + i)) for i in range(args.repeats)]
                 out[model] = medians(runs)
                 print(f"direct {model}: {json.dumps(out[model])}", flush=True)
             finally:
@@ -148,10 +155,38 @@ def main() -> None:
               "through_gateway": gateway, "direct": alone, "capacity": sweeps,
               "gateway_added_ttft_p50_ms": {m: gateway["1"][m]["ttft_p50_ms"] - alone[m]["ttft_p50_ms"]
                                             for m in alone if "1" in gateway},
-              "vllm_over_inferd": {c: {k: v["smol-vllm"][k] / v["smol-inferd"][k] for k in v["smol-inferd"]
-                                       if v["smol-inferd"][k]} for c, v in gateway.items()}}
+              "vllm_over_inferd": {c: {k: v["smol-vllm"][k] / v["smol-inferd"][k] for k in RATIOS}
+                                   for c, v in gateway.items()}}
     args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+RATIOS = ("output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms")
+
+
+def markdown(r: dict) -> str:
+    m = r["machine"]
+    out = [f"# inferd's engine and vLLM CPU as runtimes behind one gateway", "",
+           f"{m['date']} · {m['cpu']}, {m['cores']} cores · vLLM {m['vllm']} · {r['workload']}", "",
+           "| concurrency | runtime | output tok/s | TTFT p50 / p95 ms | TPOT p50 / p95 ms | runs whose client lagged |",
+           "|---:|---|---:|---:|---:|---:|"]
+    for c, by in r["through_gateway"].items():
+        for model, f in by.items():
+            out.append(f"| {c} | {model} | {f['output_tok_s']:.1f} | {f['ttft_p50_ms']:.0f} / {f['ttft_p95_ms']:.0f} | "
+                       f"{f['tpot_p50_ms']:.1f} / {f['tpot_p95_ms']:.1f} | {f['client_lagged']} |")
+    out += ["", "vLLM / inferd, through the gateway (tok/s above 1: vLLM faster; latencies above 1: vLLM slower):", "",
+            "| concurrency | " + " | ".join(RATIOS) + " |", "|---:|" + "---:|" * len(RATIOS)]
+    for c, ratio in r["vllm_over_inferd"].items():
+        out.append(f"| {c} | " + " | ".join(f"{ratio[k]:.2f}" for k in RATIOS) + " |")
+    out += ["", "Each runtime alone (no gateway), concurrency 1, and the gateway's added TTFT p50:", "",
+            "| runtime | output tok/s | TTFT p50 ms | gateway adds (ms) |", "|---|---:|---:|---:|"]
+    for model, f in r["direct"].items():
+        out.append(f"| {model} | {f['output_tok_s']:.1f} | {f['ttft_p50_ms']:.0f} | "
+                   f"{r['gateway_added_ttft_p50_ms'].get(model, float('nan')):.0f} |")
+    for model, cap in r["capacity"].items():
+        out.append(f"\n{model}: {cap['verdict']}")
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
