@@ -25,6 +25,7 @@ import httpx
 
 from inferd.gateway import leases, webhooks
 from inferd.gateway.batch_runner import ROOM, RETRY_S, serve_in_process
+from inferd.gateway.store import UNAVAILABLE
 from inferd.gateway.tables import async_jobs
 from inferd.protocol.errors import APIError, AuthenticationFailed, DeadlineExceeded, error_body, to_api_error
 
@@ -71,6 +72,8 @@ class AsyncRunner:
         while True:
             try:
                 await self._step()
+            except UNAVAILABLE as exc:  # the store is down: one line per poll, no traceback
+                log.warning("async runner: the store cannot be read (%s); retrying", type(exc).__name__)
             except Exception:
                 log.exception("async runner: a step failed")
             try:

@@ -28,6 +28,7 @@ from starlette.requests import Request
 from inferd.gateway import embeddings, text
 from inferd.gateway import leases
 from inferd.gateway.batches import Line, validate
+from inferd.gateway.store import UNAVAILABLE
 from inferd.gateway.tables import batch_lines, batches
 from inferd.gateway.kinds import Operation
 from inferd.protocol import headers
@@ -88,6 +89,8 @@ class BatchRunner:
                 for batch in await asyncio.to_thread(self.gw.batches.active):
                     if batch["id"] not in self._driving:
                         self._driving[batch["id"]] = asyncio.create_task(self._drive(batch["id"]))
+            except UNAVAILABLE as exc:  # the store is down: one line per poll, no traceback
+                log.warning("batch runner: the store cannot be read (%s); retrying", type(exc).__name__)
             except Exception:
                 log.exception("batch runner: reading active batches failed")
             try:
