@@ -127,7 +127,10 @@ def test_100_concurrent_requests_cannot_overspend_tokens_per_minute(server, url)
     responses = fire(url, key, 100, max_tokens=4)
     elapsed_s = time.monotonic() - started
     ok = [r for r in responses if r.status_code == 200]
-    assert ok and all(r.json()["error"]["code"] == "tokens_per_minute" for r in responses if r.status_code != 200)
+    refused = {r.json()["error"]["code"] for r in responses if r.status_code != 200}
+    # the limit refuses; on a slow machine the bounded queue may refuse some first, which is no overspend
+    assert ok and "tokens_per_minute" in refused and refused <= {"tokens_per_minute", "queue_full",
+                                                                 "tenant_queue_share"}, (len(ok), refused)
     used = sum(r.json()["usage"]["total_tokens"] for r in ok)
     one_reservation = ok[0].json()["usage"]["prompt_tokens"] + 4
     refill = tpm * elapsed_s / 60
