@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 
 from inferd.control.replicas import ReplicaProcess, free_port, wait_until_ready
 from inferd.control.runtimes import VllmProcess
@@ -167,7 +166,7 @@ RATIOS = ("output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95
 
 def markdown(r: dict) -> str:
     m = r["machine"]
-    out = [f"# inferd's engine and vLLM CPU as runtimes behind one gateway", "",
+    out = ["# inferd's engine and vLLM CPU as runtimes behind one gateway", "",
            f"{m['date']} · {m['cpu']}, {m['cores']} cores · vLLM {m['vllm']} · {r['workload']}", "",
            "| concurrency | runtime | output tok/s | TTFT p50 / p95 ms | TPOT p50 / p95 ms | runs whose client lagged |",
            "|---:|---|---:|---:|---:|---:|"]
