@@ -20,13 +20,13 @@ def has_native_bf16() -> bool:
 def int4_max_rows() -> int:
     """Rows of a linear up to which the int4 kernel beats a dense bf16 matmul on this CPU (above: dense).
 
-    Measured on an AVX-512 BF16 EPYC (Zen 4, no AMX): int4 wins up to 8 rows, loses from 16
-    (benchmarks/results/quant-zen4-avx512bf16.md). Not measured on AMX, where dense bf16 is faster still:
-    4 there. Without native bf16 the kernel's bf16 activations cost more than its reads save: int4 is not
-    picked by auto there, and a forced one uses the kernel for one row only."""
+    Measured on an AVX-512 BF16 EPYC (Zen 4, no AMX), all 121 linears of SmolLM2: int4 0.5x bf16's time at
+    1-2 rows, even at 4, 1.4x at 8 (benchmarks/results/quant-zen4-avx512bf16.md). Not measured on AMX, where
+    dense bf16 is faster: 2 there. Without native bf16 auto does not pick int4; a forced one uses the kernel
+    for one row only."""
     if "amx_bf16" in cpu_flags():
-        return 4
-    return 8 if has_native_bf16() else 1
+        return 2
+    return 4 if has_native_bf16() else 1
 
 
 def auto_quantization(dtype: str) -> str:
