@@ -22,7 +22,7 @@ class EngineConfig:
     pack_weights: bool = setting(True, "prepack linear weights for oneDNN where the CPU supports the dtype")
     quantization: str = setting("none", "int8: weight-only int8 linears, per output channel, float32 "
                                 "activations; int4: 4-bit Q4_1 groups of 32 (a Q4_1 GGUF's own weights), "
-                                "bfloat16 activations; auto: the fastest of these on this CPU", QUANTIZATIONS)
+                                "linear inputs rounded to bfloat16; auto: the fastest of these on this CPU", QUANTIZATIONS)
     paged_attention_kernel: bool = setting(True, "float32 decode attention in C++, built on first use "
                                            "(else the torch path)")
     num_threads: int | None = setting(None, "torch threads for the engine (default: all cores)")
@@ -46,9 +46,6 @@ class EngineConfig:
                      "num_threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SettingError(name, "must be at least 1")
-        if self.quantization == "int4" and self.dtype not in ("auto", "bfloat16"):
-            raise SettingError("quantization", "int4 runs bfloat16 activations (its kernel is ~20x slower in "
-                               f"float32); use dtype auto or bfloat16, not {self.dtype}")
         if self.lower_class_seqs < 0:
             raise SettingError("lower_class_seqs", "must be at least 0")
         if self.kv_cache_gib <= 0 and self.num_kv_blocks is None:

@@ -16,7 +16,6 @@ benchmarks/engine.py.
 import logging
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inferd.models.packed import PackedLinear, can_pack

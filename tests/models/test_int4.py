@@ -17,7 +17,6 @@ from inferd.models.int4 import (
     kernel_dequantized,
     quantize_q4_1,
 )
-from inferd.settings import SettingError
 from tests.tiny import tiny_loaded_model
 
 pytestmark = pytest.mark.skipif(not int4_available(), reason="this torch has no _weight_int4pack_mm_for_cpu")
@@ -100,12 +99,13 @@ def test_kernel_and_dense_paths_agree():
     torch.testing.assert_close(kernel_only(x).float(), dense_only(x).float(), atol=3e-2, rtol=2e-2)
 
 
-def test_int4_engine_runs_and_agrees_with_fp32():
+@pytest.mark.parametrize("dtype", ["auto", "float32"])  # bf16 throughout, or only the linears' inputs
+def test_int4_engine_runs_and_agrees_with_fp32(dtype):
     model = tiny_loaded_model()
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     prompts = {f"r{i}": list(range(3 + i, 13 + 2 * i)) for i in range(10)}  # 10 decodes: above max_rows
     outputs = []
-    for config in (dict(dtype="float32"), dict(quantization="int4")):
+    for config in (dict(dtype="float32"), dict(dtype=dtype, quantization="int4")):
         e = LLMEngine(model, EngineConfig(num_kv_blocks=64, block_size=4, **config))
         for rid, ids in prompts.items():
             e.add_request(rid, ids, params)
@@ -115,14 +115,12 @@ def test_int4_engine_runs_and_agrees_with_fp32():
                 tokens[out.request_id] += out.token_ids
         assert all(len(t) == 8 for t in tokens.values())
         outputs.append(tokens)
-    assert e.dtype == torch.bfloat16 and any(isinstance(m, Int4Linear) for m in e.model.modules())
+    assert e.dtype == (torch.bfloat16 if dtype == "auto" else torch.float32) and any(isinstance(m, Int4Linear) for m in e.model.modules())
     assert isinstance(e.model.lm_head, nn.Module) and not isinstance(e.model.lm_head, Int4Linear)
     assert sum(outputs[0][r][0] == outputs[1][r][0] for r in prompts) >= 8
 
 
-def test_int4_needs_bf16_activations():
-    with pytest.raises(SettingError, match="bfloat16"):
-        EngineConfig(quantization="int4", dtype="float32")
+def test_auto_dtype_follows_the_weight_format():
     assert resolve_dtype("auto", "int4") == torch.bfloat16 and resolve_dtype("auto", "int8") == torch.float32
 
 
