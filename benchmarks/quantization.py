@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.engine import _cpu_name
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
@@ -265,7 +266,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model = load_model(None, progress=False)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
-              "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(),
+              "machine": {"cpu": _cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                           "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                           "load_average_before": _uptime()}}
     if not args.skip_kernels:
