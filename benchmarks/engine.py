@@ -4,8 +4,12 @@ Decode: B requests of 128 random prompt tokens, 128 new tokens each (greedy, no 
 throughput = tokens produced after the first / time of the decode steps.
 Prefill: one 1,024-token prompt, tokens / time to its first token.
 transformers runs its own KV cache (DynamicCache) in a manual loop, prefill with logits_to_keep=1.
+inferd runs each of --formats (dtype:quantization), the same process and weights; every inferd format and
+transformers dtype takes its turn in each repeat (round by round), so a shared machine's drift hits all alike.
 
     python benchmarks/engine.py --out benchmarks/results/engine.json
+    python benchmarks/engine.py --formats bfloat16:none,float32:none,float32:int8,auto:int4,auto:auto \
+        --out benchmarks/results/engine-zen4-avx512bf16.json
 """
 import argparse
 import json
@@ -100,11 +104,6 @@ def hf_prefill(hf) -> float:
 
 # ---- driver
 
-def median_of(fn, repeats: int) -> dict:
-    runs = [fn() for _ in range(repeats)]
-    return {"median_tok_s": round(statistics.median(runs), 1), "runs_tok_s": [round(r, 1) for r in runs]}
-
-
 def profile_step(engine: LLMEngine, batch: int) -> str:
     from torch.profiler import profile
 
@@ -117,7 +116,31 @@ def profile_step(engine: LLMEngine, batch: int) -> str:
         engine.step()
     while engine.has_work():
         engine.step()
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+
+
+def inferd_engine(model, spec: str, batches: list[int]) -> tuple[str, LLMEngine]:
+    """The engine of format dtype:quantization and its label (what it resolved to)."""
+    dtype, _, quantization = spec.partition(":")
+    engine = LLMEngine(model, EngineConfig(dtype=dtype, quantization=quantization or "none",
+                                           max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * PROMPT_LEN,
+                                           kv_cache_gib=1.0, enable_prefix_caching=False))  # repeats must miss
+    label = str(engine.dtype).removeprefix("torch.")
+    label += "" if engine.quantization == "none" else f" {engine.quantization}"
+    return label + (" (auto)" if quantization == "auto" else ""), engine
+
+
+def interleaved(targets: dict, what: str, fn, repeats: dict[str, int]) -> dict[str, dict]:
+    """fn(target) for every target in turn, repeats[name] times each, round by round: the shared machine's
+    drift hits all targets alike."""
+    runs = {name: [] for name in targets}
+    for round_ in range(max(repeats.values())):
+        for name, target in targets.items():
+            if round_ < repeats[name]:
+                runs[name].append(fn(target))
+                _log(f"{name} {what}: {runs[name][-1]:.1f} tok/s")
+    return {name: {"median_tok_s": round(statistics.median(r), 1), "runs_tok_s": [round(x, 1) for x in r]}
+            for name, r in runs.items()}
 
 
 def main() -> None:
@@ -125,39 +148,47 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="GGUF file or HF directory (default: packaged SmolLM2)")
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dtype", default="auto", help="inferd dtype")
+    ap.add_argument("--formats", default="auto:none",
+                    help="inferd formats to run, comma-separated dtype:quantization (e.g. bfloat16:none,auto:int4)")
     ap.add_argument("--peer-dtypes", default="float32:3,bfloat16:1",
                     help="transformers dtypes to run, each with its number of repeats; empty: inferd only")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     model = load_model(args.model, progress=False)
-    engine = LLMEngine(model, EngineConfig(dtype=args.dtype, max_num_seqs=max(batches),
-                                           max_num_batched_tokens=max(batches) * PROMPT_LEN,
-                                           kv_cache_gib=2.0, enable_prefix_caching=False))  # repeats must not hit the cache
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
               "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "python": platform.python_version(),
-                          "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+                          "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                          "load_average_before": _loadavg()},
               "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": NEW_TOKENS, "prefill_tokens": PREFILL_LEN},
-              "inferd": {"dtype": str(engine.dtype).removeprefix("torch."), "decode": {}}, "transformers": {}}
-    _log(f"inferd {result['inferd']['dtype']}")
-    result["inferd"]["prefill"] = median_of(lambda: inferd_prefill(engine), args.repeats)
-    for b in batches:
-        result["inferd"]["decode"][str(b)] = median_of(lambda: inferd_decode(engine, b), args.repeats)
-        _log(f"  B={b}: {result['inferd']['decode'][str(b)]}")
-    result["inferd"]["profile_b32"] = profile_step(engine, 32)
-    del engine
-    import transformers
-    result["machine"]["transformers"] = transformers.__version__
-    for spec in filter(None, args.peer_dtypes.split(",")):
-        name, _, repeats = spec.partition(":")
-        repeats = int(repeats or 1)
-        hf = hf_model(model, resolve_dtype(name))
-        peer = result["transformers"][name] = {"prefill": median_of(lambda: hf_prefill(hf), repeats), "decode": {}}
-        for b in batches:
-            peer["decode"][str(b)] = median_of(lambda: hf_decode(hf, b), repeats)
-            _log(f"transformers {name} B={b}: {peer['decode'][str(b)]}")
-        del hf
+              "inferd": {}, "transformers": {}}
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        result["machine"]["cores"] = args.threads
+    engines = dict(inferd_engine(model, spec, batches) for spec in args.formats.split(","))
+    peers = {}
+    if args.peer_dtypes:
+        import transformers
+        result["machine"]["transformers"] = transformers.__version__
+        peers = {name: (hf_model(model, resolve_dtype(name)), int(n or 1))
+                 for name, _, n in (spec.partition(":") for spec in args.peer_dtypes.split(","))}
+    targets = {f"inferd {k}": ("inferd", e) for k, e in engines.items()}
+    targets |= {f"transformers {k}": ("hf", m) for k, (m, _) in peers.items()}
+    repeats = {name: args.repeats for name in targets} | {f"transformers {k}": n for k, (_, n) in peers.items()}
+    prefill = interleaved(targets, "prefill", lambda t: inferd_prefill(t[1]) if t[0] == "inferd" else hf_prefill(t[1]),
+                          repeats)
+    decode = {b: interleaved(targets, f"B={b}", lambda t, b=b: inferd_decode(t[1], b) if t[0] == "inferd"
+                             else hf_decode(t[1], b), repeats) for b in batches}
+    for name, (kind, target) in targets.items():
+        row = {"prefill": prefill[name], "decode": {str(b): decode[b][name] for b in batches}}
+        if kind == "inferd":
+            row |= {"dtype": str(target.dtype).removeprefix("torch."), "quantization": target.quantization,
+                    "profile_b1": profile_step(target, 1), "profile_b32": profile_step(target, 32)}
+            result["inferd"][name.removeprefix("inferd ")] = row
+        else:
+            result["transformers"][name.removeprefix("transformers ")] = row
+    result["machine"]["load_average_after"] = _loadavg()
     print(_table(result))
     if args.out:
         with open(args.out, "w") as f:
@@ -165,16 +196,16 @@ def main() -> None:
 
 
 def _table(r: dict) -> str:
-    peers = list(r["transformers"])
-    columns = ["", "inferd " + r["inferd"]["dtype"], *(f"transformers {p}" for p in peers)]
-    columns += ["inferd / best peer"] if peers else []
+    peers, formats = list(r["transformers"]), list(r["inferd"])
+    columns = ["", *(f"inferd {f}" for f in formats), *(f"transformers {p}" for p in peers)]
+    columns += ["best inferd / best transformers"] if peers else []
     rows = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     keys = [("prefill 1,024 tok/s", lambda d: d["prefill"])] + [
-        (f"decode B={b} tok/s", lambda d, b=b: d["decode"][b]) for b in r["inferd"]["decode"]]
+        (f"decode B={b} tok/s", lambda d, b=b: d["decode"][b]) for b in r["inferd"][formats[0]]["decode"]]
     for label, get in keys:
-        ours = get(r["inferd"])["median_tok_s"]
+        ours = [get(r["inferd"][f])["median_tok_s"] for f in formats]
         theirs = [get(r["transformers"][p])["median_tok_s"] for p in peers]
-        cells = [label, ours, *theirs] + ([f"{ours / max(theirs):.2f}x"] if theirs else [])
+        cells = [label, *ours, *theirs] + ([f"{max(ours) / max(theirs):.2f}x"] if theirs else [])
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(rows)
 
@@ -184,6 +215,13 @@ def _cpu_name() -> str:
         return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor()
+
+
+def _loadavg() -> str:
+    try:
+        return open("/proc/loadavg").read().strip()
+    except OSError:
+        return ""
 
 
 def _log(msg: str) -> None:

@@ -1,31 +1,39 @@
-"""Weight-only int8: which kernel, and what it costs in quality, on SmolLM2-135M-Instruct's real weights.
+"""Weight-only int8 and int4: which kernel, and what it costs in quality, on SmolLM2-135M-Instruct's real weights.
 
 kernels: all 121 linears of the model (30 x qkv, o, gate_up, down + lm_head) at batch M, each candidate
-against the fp32 oneDNN prepacked path the engine uses, with the output error of each against fp32.
-quality: the engine's model fp32 (reference) against int8 and bf16 (the dtype the issue named, for scale):
+against the fp32 oneDNN prepacked path the engine uses, with the output error of each against fp32. bf16
+candidates (dense and int4) take bf16 activations, the others fp32.
+quality: the engine's model fp32 (reference) against int8, int4 (as the engine serves it: lm_head bf16, the
+kernel up to cpu.int4_max_rows rows and dense bf16 weights above, so the 432-token text and the 12 batched
+prompts run dense; then the kernel at every M; then lm_head 4-bit too) and bf16 (the dtype the issue named, for scale):
 logits on a fixed public-domain text (max abs diff, cosine, top-1 agreement, KL), its perplexity, and
 greedy continuations of fixed chat prompts compared token by token. W8A8 (fbgemm dynamic, activations
 quantized too) is measured beside weight-only int8 for comparison; the engine serves weight-only int8 only.
 
     PYTHONPATH=. python benchmarks/quantization.py --threads 1 --out benchmarks/results/quant.json   # ~15 minutes
+    PYTHONPATH=. python benchmarks/quantization.py --threads 1 --sizes 1,2,4,8,16,32,64 \
+        --candidates fp32,bf16,int4,C++ --out benchmarks/results/quant-zen4-avx512bf16.json
 """
 import argparse
+import copy
 import json
 import statistics
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.linears import timed_ms
+from benchmarks.engine import _cpu_name
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
 from inferd.models.llama import AttentionMetadata, LlamaForCausalLM, PrefillChunk
 from inferd.models.loader import load_model
+from inferd.models.int4 import Int4Linear, int4_available
 from inferd.models.packed import PACK_FOR_BATCH
 from inferd.models.quant import Int8Linear, load_int8_kernel, quantize_int8
 
@@ -114,24 +122,48 @@ def candidates(kernel) -> dict:
     out["int8 dynamic fbgemm, rows scaled first"] = (RowScaledDynamicInt8, lambda m, x: m(x), None)
     if kernel is not None:
         out["int8 inferd C++ AVX2 kernel"] = (lambda lin: Int8Linear(lin, kernel), lambda m, x: m(x), None)
+    out["bf16 oneDNN prepacked (bf16 x)"] = (lambda lin: fp32(lin.to(torch.bfloat16)), out[
+        "fp32 oneDNN prepacked (current)"][1], None)
+    if int4_available():
+        out["int4 aten._weight_int4pack_mm_for_cpu (bf16 x)"] = (lambda lin: Int4Linear(lin, max_rows=1 << 30),
+                                                                 lambda m, x: m(x), None)
     return out
 
 
-def bench_kernels(linears: list[nn.Linear], sizes: list[int], kernel) -> dict:
+BF16_X = ("bf16 x",)  # candidates whose activations are bf16
+
+
+def bench_kernels(linears: list[nn.Linear], sizes: list[int], kernel, only: list[str] | None = None,
+                  repeats: int = 7) -> dict:
+    """Every candidate prepared first; then at each M, each repeat times one pass of every candidate in turn, so
+    that the machine's drift (it is shared) hits all of them alike. Medians."""
     g = torch.Generator().manual_seed(0)
-    xs = {m: {k: torch.randn(m, k, generator=g) for k in (576, 1536)} for m in {*sizes, 8}}
-    refs = [F.linear(xs[8][lin.in_features], lin.weight) for lin in linears]
-    result = {}
+    fp32_xs = {m: {k: torch.randn(m, k, generator=g) for k in (576, 1536)} for m in {*sizes, 8}}
+    bf16_xs = {m: {k: x.to(torch.bfloat16) for k, x in row.items()} for m, row in fp32_xs.items()}
+    refs = [F.linear(fp32_xs[8][lin.in_features], lin.weight) for lin in linears]
+    prepared, result = {}, {}
     for name, (prepare, call, max_m) in candidates(kernel).items():
-        states = [prepare(lin) for lin in linears]
-        err = [((call(s, xs[8][lin.in_features]) - r).norm() / r.norm()).item()
+        if only and not any(word in name for word in only):
+            continue
+        xs = bf16_xs if any(tag in name for tag in BF16_X) else fp32_xs
+        states = [prepare(copy.deepcopy(lin)) for lin in linears]
+        err = [((call(s, xs[8][lin.in_features]).float() - r).norm() / r.norm()).item()
                for s, lin, r in zip(states, linears, refs)]
-        row = result[name] = {"rel_error_vs_fp32_M8": round(statistics.mean(err), 6), "ms": {}}
-        for m in (m for m in sizes if max_m is None or m <= max_m):
-            row["ms"][str(m)] = round(timed_ms(lambda: [call(s, xs[m][lin.in_features])
-                                                        for s, lin in zip(states, linears)],
-                                               repeats=3 if m >= 256 else 7), 2)
-            _log(f"{name} M={m}: {row['ms'][str(m)]} ms")
+        result[name] = {"rel_error_vs_fp32_M8": round(statistics.mean(err), 6), "ms": {}}
+        prepared[name] = states, call, max_m, xs
+    for m in sizes:
+        runs = {name: [] for name, (_, _, max_m, _) in prepared.items() if max_m is None or m <= max_m}
+        passes = {name: (lambda states=states, call=call, xs=xs: [call(s, xs[m][lin.in_features])
+                                                                   for s, lin in zip(states, linears)])
+                  for name, (states, call, _, xs) in prepared.items() if name in runs}
+        for fn in passes.values():
+            fn()  # warm-up
+        for _ in range(3 if m >= 256 else repeats):
+            for name, fn in passes.items():
+                runs[name].append(_once_ms(fn))
+        for name, times in runs.items():
+            result[name]["ms"][str(m)] = round(statistics.median(times), 2)
+            _log(f"{name} M={m}: {result[name]['ms'][str(m)]} ms")
     return result
 
 
@@ -196,10 +228,18 @@ def quality(model, variants: dict[str, dict]) -> dict:
     for name, settings in variants.items():
         settings = dict(settings)
         w8a8 = settings.pop("w8a8_fbgemm", False)
+        int4_lm_head = settings.pop("int4_lm_head", False)
+        int4_max_rows = settings.pop("int4_max_rows", None)
         engine = LLMEngine(model, EngineConfig(max_num_seqs=len(prompts), kv_cache_gib=0.5, pack_weights=not w8a8,
                                                **settings))
         if w8a8:
             _swap_linears(engine.model, RowScaledDynamicInt8)
+        if int4_lm_head:
+            lm_head = nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
+            lm_head.weight = nn.Parameter(model.weights["model.embed_tokens.weight"].float(), requires_grad=False)
+            engine.model.lm_head = Int4Linear(lm_head, engine.model.layers[0].mlp.down_proj.max_rows)
+        for layer in (m for m in engine.model.modules() if isinstance(m, Int4Linear) and int4_max_rows):
+            layer.max_rows = int4_max_rows
         logits, tokens = all_logits(engine.model, ids), greedy(engine, prompts)
         if ref is None:
             ref = logits, tokens
@@ -217,6 +257,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1,8,32,64,1024", help="batch sizes M of the kernel comparison")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument("--candidates", default=None, help="comma-separated words: time only kernels named with one")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--out", default=None)
@@ -225,21 +266,28 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model = load_model(None, progress=False)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
-              "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(),
+              "machine": {"cpu": _cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                           "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                           "load_average_before": _uptime()}}
     if not args.skip_kernels:
         net = LlamaForCausalLM(model.config, 16)
         net.load_weights(model.weights)
         linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
-        result["kernels"] = bench_kernels(linears, [int(m) for m in args.sizes.split(",")], load_int8_kernel())
+        result["kernels"] = bench_kernels(linears, [int(m) for m in args.sizes.split(",")], load_int8_kernel(),
+                                          args.candidates.split(",") if args.candidates else None)
         del net, linears
     if not args.skip_quality:
         result["quality"] = quality(model, {"fp32": {"dtype": "float32", "quantization": "none"},
                                             "int8": {"dtype": "float32", "quantization": "int8"},
                                             "int8 W8A8 fbgemm (rows scaled)": {"dtype": "float32",
                                                                                "w8a8_fbgemm": True},
-                                            "bf16": {"dtype": "bfloat16", "quantization": "none"}})
+                                            "bf16": {"dtype": "bfloat16", "quantization": "none"},
+                                            **({"int4": {"quantization": "int4"},
+                                                "int4, kernel at every M": {"quantization": "int4",
+                                                                            "int4_max_rows": 1 << 30},
+                                                "int4, lm_head 4-bit too": {"quantization": "int4",
+                                                                            "int4_lm_head": True}}
+                                               if int4_available() else {})})
     result["machine"]["load_average_after"] = _uptime()
     save_report(result, markdown(result), args.out)
 
@@ -255,7 +303,7 @@ def save_report(result: dict, md: str, out: str | None) -> None:
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# Weight-only int8 on {r['model']} ({r['date']}, torch {r['machine']['torch']}, "
+    lines = [f"# Weight-only int8 and int4 on {r['model']} ({r['date']}, torch {r['machine']['torch']}, "
              f"{r['machine']['threads']} threads, {r['machine']['cpu_capability']}; "
              f"load average before {r['machine']['load_average_before']})", ""]
     if "kernels" in r:
@@ -280,6 +328,12 @@ def markdown(r: dict) -> str:
                   "| metric | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
         lines += [f"| {k} | " + " | ".join(str(q[v][k]) for v in variants) + " |" for k in keys]
     return "\n".join(lines)
+
+
+def _once_ms(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
 
 
 def _uptime() -> str:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from inferd.settings import SettingError, check_choices, setting
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "int8")
+QUANTIZATIONS = ("none", "int8", "int4", "auto")
 SCHEDULING_POLICIES = ("priority", "fcfs")
 
 
@@ -21,7 +21,8 @@ class EngineConfig:
     max_model_len: int | None = setting(None, "default: the model's context length")
     pack_weights: bool = setting(True, "prepack linear weights for oneDNN where the CPU supports the dtype")
     quantization: str = setting("none", "int8: weight-only int8 linears, per output channel, float32 "
-                                "activations", QUANTIZATIONS)
+                                "activations; int4: 4-bit Q4_1 groups of 32 (a Q4_1 GGUF's own weights), "
+                                "linear inputs rounded to bfloat16; auto: the fastest of these on this CPU", QUANTIZATIONS)
     paged_attention_kernel: bool = setting(True, "float32 decode attention in C++, built on first use "
                                            "(else the torch path)")
     num_threads: int | None = setting(None, "torch threads for the engine (default: all cores)")

@@ -15,3 +15,24 @@ def has_native_bf16() -> bool:
     """bf16 matmuls run natively (AMX or AVX-512 BF16); elsewhere they are emulated and slower than fp32."""
     return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
+
+
+def int4_max_rows() -> int:
+    """Rows of a linear up to which the int4 kernel beats a dense bf16 matmul on this CPU (above: dense).
+
+    Measured on an AVX-512 BF16 EPYC (Zen 4, no AMX), all 121 linears of SmolLM2: int4 0.5x bf16's time at
+    1-2 rows, even at 4, 1.4x at 8 (benchmarks/results/quant-zen4-avx512bf16.md). Not measured on AMX, where
+    dense bf16 is faster: 2 there. Without native bf16 auto does not pick int4; a forced one uses the kernel
+    for one row only."""
+    if "amx_bf16" in cpu_flags():
+        return 2
+    return 4 if has_native_bf16() else 1
+
+
+def auto_quantization(dtype: str) -> str:
+    """The weight format `--quantization auto` picks for a `--dtype` setting: int4 (bf16 activations) where
+    bf16 is native, int8 (fp32 activations) elsewhere; both pass the quality checks of
+    benchmarks/quantization.py (perplexity within 3 % and 1 % of fp32)."""
+    if dtype in ("auto", "bfloat16") and has_native_bf16():
+        return "int4"
+    return "int8" if dtype in ("auto", "float32") else "none"

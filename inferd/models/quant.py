@@ -22,7 +22,6 @@ from inferd.models.paged_attention import _cpu_tag
 
 log = logging.getLogger(__name__)
 
-QUANTIZATIONS = ("none", "int8")
 PANEL = 16  # output channels per panel: two AVX2 registers
 FUSED_MAX_M = 12  # up to this many rows widen the int8 weights in registers; more widen each panel once to fp32
 

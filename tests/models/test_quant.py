@@ -84,4 +84,4 @@ def test_engine_greedy_with_int8_runs_and_mostly_agrees():
 
 def test_unknown_quantization_is_rejected():
     with pytest.raises(ValueError, match="quantization"):
-        EngineConfig(quantization="int4")
+        EngineConfig(quantization="int3")

@@ -1,0 +1,113 @@
+"""Weight-only 4-bit linears in GGUF Q4_1's own format (groups of 32 along K, w = d * q + m), bf16 activations.
+
+Decoding one sequence reads every weight once per step, so bytes read set the step's time: 4-bit reads a
+quarter of bf16. torch's `_weight_int4pack_mm_for_cpu` computes x @ W.T with W = (q - 8) * scale + zero per
+group, which is Q4_1 exactly with scale = d and zero = m + 8 d (rounded to bf16, as the kernel takes them).
+The packaged SmolLM2 file stores its linears as Q4_1, so `quantize_q4_1` on the weights the loader
+dequantized gives back the file's own q, d and m (llama.cpp's Q4_1 puts each group's min at q = 0 and its
+max at q = 15): the 4-bit model computes on the file's weights, not a second rounding of them.
+
+The kernel does not reuse an unpacked weight across rows: its time grows with M, and from a few rows on a
+dense bf16 matmul is faster. Each layer therefore also keeps the same weights dequantized to bf16 (oneDNN
+prepacked) and uses them above `max_rows` rows (inferd.models.cpu.int4_max_rows, measured in
+benchmarks/quantization.py). Measured against bf16, fp32 and int8 in benchmarks/quantization.py and
+benchmarks/engine.py.
+"""
+import logging
+
+import torch
+from torch import nn
+
+from inferd.models.packed import PackedLinear, can_pack
+
+log = logging.getLogger(__name__)
+
+GROUP = 32  # weights per (scale, min) pair along K, as in Q4_1
+ROWS_MULTIPLE = 16  # the packing wants N divisible by 16: other N are padded with zero rows
+
+
+def int4_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+# ---- weights
+
+def quantize_q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, K] float (K divisible by 32) -> q uint8 [N, K] in 0..15, d and m fp32 [N, K/32]: w ~ d * q + m per
+    group of 32, the group's min at q = 0 and its max at q = 15 (llama.cpp's Q4_1 rule)."""
+    n, k = w.shape
+    assert k % GROUP == 0, "K must be a multiple of 32"
+    groups = w.detach().float().reshape(n, k // GROUP, GROUP)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    d = (hi - lo) / 15
+    steps = torch.where(d > 0, d, 1.0)[..., None]
+    q = ((groups - lo[..., None]) / steps).round().clamp(0, 15)
+    return q.reshape(n, k).to(torch.uint8), d, lo
+
+
+def dequantize_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (q.float().view(*d.shape, GROUP) * d[..., None] + m[..., None]).reshape(q.shape)
+
+
+def kernel_scales(d: torch.Tensor, m: torch.Tensor, rows: int) -> torch.Tensor:
+    """d, m [N, K/32] -> the kernel's scales_and_zeros, bf16 [K/32, rows, 2] (zero rows past N)."""
+    out = torch.zeros(d.shape[1], rows, 2)
+    out[:, :d.shape[0], 0] = d.t()
+    out[:, :d.shape[0], 1] = (m + 8 * d).t()
+    return out.to(torch.bfloat16)
+
+
+def kernel_dequantized(scales: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight [N, K] the kernel computes with: its bf16 scales applied to q."""
+    n = q.shape[0]
+    d, zero = scales[:, :n, 0].float().t(), scales[:, :n, 1].float().t()
+    return dequantize_q4_1(q, d, zero - 8 * d)
+
+
+class Int4Linear(nn.Module):
+    """nn.Linear with 4-bit weights (Q4_1 groups); bf16 in and out, the int4 kernel up to max_rows rows."""
+
+    def __init__(self, linear: nn.Linear, max_rows: int):
+        super().__init__()
+        self.in_features, self.out_features, self.max_rows = linear.in_features, linear.out_features, max_rows
+        q, d, m = quantize_q4_1(linear.weight)
+        self.exact = bool((dequantize_q4_1(q, d, m) - linear.weight.float()).abs().max() <= 1e-3 * d.max())
+        rows = -(-self.out_features // ROWS_MULTIPLE) * ROWS_MULTIPLE
+        padded = torch.zeros(rows, self.in_features, dtype=torch.int32)
+        padded[:self.out_features] = q
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(padded, 1)
+        self.scales = kernel_scales(d, m, rows)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16).clone()
+        dense = nn.Linear(self.in_features, self.out_features, bias=linear.bias is not None, dtype=torch.bfloat16)
+        with torch.no_grad():
+            dense.weight.copy_(kernel_dequantized(self.scales, q))
+            if self.bias is not None:
+                dense.bias.copy_(self.bias)
+        self.dense = PackedLinear(dense) if can_pack(torch.bfloat16) else dense.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if flat.shape[0] > self.max_rows:
+            return self.dense(flat).view(*x.shape[:-1], self.out_features).to(x.dtype)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, GROUP, self.scales)
+        if y.shape[1] != self.out_features:
+            y = y[:, :self.out_features]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def quantize_int4_linears(model: nn.Module, max_rows: int, skip: tuple[str, ...] = ()) -> int:
+    """Replaces every nn.Linear of `model` (float32 weights) whose in_features is a multiple of 32 and whose
+    name is not in `skip` by an Int4Linear; returns how many."""
+    count, exact = 0, 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and child.in_features % GROUP == 0 and name not in skip:
+                layer = Int4Linear(child, max_rows)
+                setattr(parent, name, layer)
+                count, exact = count + 1, exact + layer.exact
+    log.info("int4 weights for %d linears (%d of them exactly the source's Q4_1 blocks), int4 kernel up to "
+             "%d rows, dense bf16 above", count, exact, max_rows)
+    return count
+

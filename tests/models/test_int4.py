@@ -1,0 +1,131 @@
+"""4-bit Q4_1 weights: the quantizer gives a Q4_1 file's blocks back exactly, the kernel path against the plain
+torch dequantized reference (odd shapes, both sides of max_rows), the engine with int4 and its settings."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from inferd.engine.config import EngineConfig
+from inferd.engine.engine import LLMEngine, resolve_dtype, resolve_quantization
+from inferd.engine.request import SamplingParams
+from inferd.models.cpu import auto_quantization, has_native_bf16
+from inferd.models.int4 import (
+    GROUP,
+    Int4Linear,
+    dequantize_q4_1,
+    int4_available,
+    kernel_dequantized,
+    quantize_q4_1,
+)
+from tests.tiny import tiny_loaded_model
+
+pytestmark = pytest.mark.skipif(not int4_available(), reason="this torch has no _weight_int4pack_mm_for_cpu")
+
+
+def q4_1_file_values(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weights as llama.cpp's Q4_1 stores them (fp16 d and m, each group's min at q=0 and max at q=15) and as
+    the GGUF loader dequantizes them (float32 d * q + m)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k // GROUP, GROUP), generator=g)
+    q[..., 0], q[..., 1] = 0, 15
+    d = (torch.rand(n, k // GROUP, generator=g) * 0.02 + 1e-4).half().float()
+    m = (-8 * d + torch.randn(n, k // GROUP, generator=g) * 1e-3).half().float()
+    w = torch.from_numpy(d.numpy()[..., None] * q.numpy().astype(np.float32) + m.numpy()[..., None])
+    return w.reshape(n, k), q.reshape(n, k), d, m
+
+
+def test_quantizer_gives_q4_1_blocks_back_exactly():
+    w, q, d, m = q4_1_file_values(40, 96)
+    q2, d2, m2 = quantize_q4_1(w)
+    assert torch.equal(q2.long(), q) and torch.equal(m2, m)
+    torch.testing.assert_close(d2, d, rtol=1e-6, atol=0)
+    torch.testing.assert_close(dequantize_q4_1(q2, d2, m2), w, rtol=0, atol=1e-6)
+
+
+def test_quantizer_on_other_weights_stays_within_half_a_step():
+    w = torch.randn(37, 64) * torch.logspace(-3, 1, 37)[:, None]
+    q, d, m = quantize_q4_1(w)
+    assert q.dtype == torch.uint8 and q.max() <= 15 and d.shape == m.shape == (37, 2)
+    assert ((dequantize_q4_1(q, d, m) - w).abs() <= d.repeat_interleave(GROUP, 1) / 2 + 1e-6).all()
+    q0, d0, _ = quantize_q4_1(torch.full((16, 32), 0.25))  # a constant group: d = 0, no division by it
+    assert (q0 == 0).all() and (d0 == 0).all()
+
+
+def test_packaged_model_linears_are_its_own_q4_1_blocks():
+    from inferd.models.gguf import PlainArrayReader
+    from inferd.models.loader import default_model_path, load_model
+
+    try:
+        path = default_model_path()
+    except Exception as exc:  # noqa: BLE001 - the packaged model is optional in a dev checkout
+        pytest.skip(str(exc))
+    raw = next(t for t in PlainArrayReader(path).tensors if t.name == "blk.3.ffn_down.weight")
+    assert raw.tensor_type.name == "Q4_1"
+    n, k = int(raw.shape[1]), int(raw.shape[0])
+    blocks = np.asarray(raw.data).reshape(n, k // GROUP, 20)  # fp16 d, fp16 m, 16 bytes of two nibbles each
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+    nibbles = blocks[..., 4:]
+    file_q = torch.from_numpy(np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).reshape(n, k).astype(np.int64))
+    q, d2, m2 = quantize_q4_1(load_model(path, progress=False).weights["model.layers.3.mlp.down_proj.weight"])
+    assert torch.equal(q.long(), file_q) and torch.equal(m2, m)
+    torch.testing.assert_close(d2, d, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 40])
+@pytest.mark.parametrize("out_features,in_features,bias", [(48, 64, False), (37, 96, True), (5, 32, False),
+                                                           (16, 32, True)])
+def test_int4_linear_matches_dequantized_reference(rows, out_features, in_features, bias):
+    torch.manual_seed(rows * out_features)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    layer = Int4Linear(linear, max_rows=8)
+    q, _, _ = quantize_q4_1(linear.weight)
+    x = torch.randn(rows, in_features).to(torch.bfloat16)
+    ref = nn.functional.linear(x.float(), kernel_dequantized(layer.scales, q),
+                               None if linear.bias is None else linear.bias.detach().bfloat16().float())
+    out = layer(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
+    tolerance = 2e-2 * ref.abs().max().item()
+    torch.testing.assert_close(out.float(), ref, atol=tolerance, rtol=1e-2)
+    torch.testing.assert_close(layer(x.view(1, rows, in_features)).float(), ref.view(1, rows, -1), atol=tolerance,
+                               rtol=1e-2)
+    assert layer.exact is False  # random weights are not Q4_1 blocks
+
+
+def test_kernel_and_dense_paths_agree():
+    linear = nn.Linear(64, 48, bias=False)
+    kernel_only, dense_only = Int4Linear(linear, max_rows=1000), Int4Linear(linear, max_rows=0)
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    torch.testing.assert_close(kernel_only(x).float(), dense_only(x).float(), atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float32"])  # bf16 throughout, or only the linears' inputs
+def test_int4_engine_runs_and_agrees_with_fp32(dtype):
+    model = tiny_loaded_model()
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompts = {f"r{i}": list(range(3 + i, 13 + 2 * i)) for i in range(10)}  # 10 decodes: above max_rows
+    outputs = []
+    for config in (dict(dtype="float32"), dict(dtype=dtype, quantization="int4")):
+        e = LLMEngine(model, EngineConfig(num_kv_blocks=64, block_size=4, **config))
+        for rid, ids in prompts.items():
+            e.add_request(rid, ids, params)
+        tokens = {rid: [] for rid in prompts}
+        while e.has_work():
+            for out in e.step():
+                tokens[out.request_id] += out.token_ids
+        assert all(len(t) == 8 for t in tokens.values())
+        outputs.append(tokens)
+    assert e.dtype == (torch.bfloat16 if dtype == "auto" else torch.float32) and any(isinstance(m, Int4Linear) for m in e.model.modules())
+    assert isinstance(e.model.lm_head, nn.Module) and not isinstance(e.model.lm_head, Int4Linear)
+    assert sum(outputs[0][r][0] == outputs[1][r][0] for r in prompts) >= 8
+
+
+def test_auto_dtype_follows_the_weight_format():
+    assert resolve_dtype("auto", "int4") == torch.bfloat16 and resolve_dtype("auto", "int8") == torch.float32
+
+
+def test_auto_picks_by_cpu_and_dtype():
+    assert auto_quantization("float32") == "int8" and auto_quantization("float16") == "none"
+    assert auto_quantization("auto") == ("int4" if has_native_bf16() else "int8")
+    assert resolve_quantization("int8", "auto") == "int8"
+    assert resolve_quantization("auto", "auto") in ("int4", "int8", "none")
