@@ -112,6 +112,7 @@ def main() -> None:
     p.add_argument("--soak-factor", type=float, default=5.0)
     p.add_argument("--port", type=int, default=8971)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "overload.json")
+    p.add_argument("--machine-note", default="", help="what else ran on the machine, for the report")
     args = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="inferd-overload-"))
     url = f"http://127.0.0.1:{args.port}"
@@ -150,7 +151,7 @@ def main() -> None:
         stopped(proc)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cores": os.cpu_count(), "load_average_before": load_before,
-                          "shared": "2 cores shared with two other agents' work"},
+                          "cpu": cpu_model(), "shared": args.machine_note or "nothing else running"},
               "settings": vars(args) | {"out": args.out.name, "model": "SmolLM2-135M-Instruct (default)"},
               "capacity_per_s": round(capacity, 2), "rates": rates, "after_load": after,
               "after_load_all_zero": not any(after.values()),
@@ -162,9 +163,13 @@ def main() -> None:
     print(markdown(result))
 
 
+def cpu_model() -> str:
+    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+
+
 def markdown(r: dict) -> str:
     lines = [f"# Overload of `inferd serve` ({r['date']})", "",
-             f"Machine: {r['machine']['cores']} cores ({r['machine']['shared']}), load before "
+             f"Machine: {r['machine'].get('cpu', '')} {r['machine']['cores']} cores ({r['machine']['shared']}), load before "
              f"{r['machine']['load_average_before'][0]:.2f}. Model: SmolLM2-135M-Instruct, one replica, "
              f"{r['settings']['num_threads']} engine thread(s); gateway --max-inflight "
              f"{r['settings']['max_inflight']} --max-queue-len {r['settings']['max_queue_len']}. Chat, 32 output "
