@@ -32,7 +32,7 @@ from starlette.routing import Route
 from inferd.gateway import leases, webhooks
 from inferd.gateway.auth import client_address
 from inferd.gateway.batch_runner import queued_tokens_cap
-from inferd.gateway.files import list_page
+from inferd.gateway.files import list_page, page_limit
 from inferd.gateway.kinds import Operation
 from inferd.gateway.tables import async_jobs, webhook_deliveries
 from inferd.protocol import headers
@@ -237,11 +237,8 @@ class AsyncRoutes:
 
     async def listing(self, request: Request) -> Response:
         key, q = await self._key(request), request.query_params
-        try:
-            limit = int(q.get("limit", 20))
-        except ValueError:
-            raise InvalidRequest("limit must be a number", param="limit") from None
-        return JSONResponse(await asyncio.to_thread(self.gw.async_jobs.page, key.tenant.id, limit, q.get("after")))
+        return JSONResponse(await asyncio.to_thread(self.gw.async_jobs.page, key.tenant.id, page_limit(q, 20),
+                                                    q.get("after")))
 
     async def get(self, request: Request) -> Response:
         key = await self._key(request)

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from inferd.gateway import leases
 from inferd.gateway.auth import client_address
-from inferd.gateway.files import list_page
+from inferd.gateway.files import list_page, page_limit
 from inferd.gateway.kinds import Operation
 from inferd.gateway.tables import batch_lines, batches
 from inferd.protocol.errors import InvalidRequest, NotFound, to_api_error
@@ -292,11 +292,8 @@ class BatchRoutes:
 
     async def listing(self, request: Request) -> Response:
         key, q = await self._key(request), request.query_params
-        try:
-            limit = int(q.get("limit", 20))
-        except ValueError:
-            raise InvalidRequest("limit must be a number", param="limit") from None
-        return JSONResponse(await asyncio.to_thread(self.gw.batches.page, key.tenant.id, limit, q.get("after")))
+        return JSONResponse(await asyncio.to_thread(self.gw.batches.page, key.tenant.id, page_limit(q, 20),
+                                                    q.get("after")))
 
     async def get(self, request: Request) -> Response:
         key = await self._key(request)

@@ -195,7 +195,7 @@ class FileRoutes:
 
     async def listing(self, request: Request) -> Response:
         tenant_id, q = await self._tenant(request), request.query_params
-        return JSONResponse(await asyncio.to_thread(self.gw.files.page, tenant_id, _limit(q, 10000),
+        return JSONResponse(await asyncio.to_thread(self.gw.files.page, tenant_id, page_limit(q, 10000),
                                                    q.get("after"), q.get("purpose")))
 
     async def get(self, request: Request) -> Response:
@@ -212,7 +212,8 @@ class FileRoutes:
         return JSONResponse(await asyncio.to_thread(self.gw.files.delete, tenant_id, request.path_params["file_id"]))
 
 
-def _limit(q, default: int) -> int:
+def page_limit(q, default: int) -> int:
+    """A listing's ?limit=, or a 400 that names it."""
     try:
         return int(q.get("limit", default))
     except ValueError:
