@@ -2,10 +2,13 @@
 
 Requests and aborts cross into the thread through one queue as typed messages;
 each step's outputs cross back with one call_soon_threadsafe. The loop sleeps
-while idle.
+while idle. A request of a better class than all of a running step's sequences
+(interactive beside batch work) stops that step between layers, so that it is
+scheduled in the next one instead of waiting out a long batch step.
 """
 import asyncio
 import logging
+import math
 import queue
 import threading
 from collections.abc import AsyncIterator
@@ -67,6 +70,9 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._error: BaseException | None = None
+        # the best class added since the engine thread last took its inbox (written by both threads without a
+        # lock: a race costs one step's wait for a request, or one spurious check, never a wrong answer)
+        self._arrived = math.inf
 
     @property
     def tokenizer(self):
@@ -115,6 +121,7 @@ class AsyncEngine:
             raise EngineError(f"request id {request_id!r} is already in use")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
+        self._arrived = min(self._arrived, priority)
         self._inbox.put(AddRequest(request_id, prompt_token_ids, params, cache_namespace, grammar, priority))
         finished = False
         try:
@@ -138,13 +145,18 @@ class AsyncEngine:
         try:
             self.engine.grammars.warm()  # before the first step, so that no batch waits for it
             while not self._stopping.is_set():
+                self._arrived = math.inf  # before the inbox is taken: an arrival after this is seen by the step
                 self._drain_inbox(block=not self.engine.has_work())
                 if self.engine.has_work():
-                    self._deliver(self.engine.step())
+                    self._deliver(self.engine.step(self._outranked))
         except BaseException as e:  # the engine is broken: fail every open request, say why once
             log.exception("engine loop died")
             self._error = e
             self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(f"the engine stopped: {e}"))
+
+    def _outranked(self, priority: int) -> bool:
+        """Whether a request of a better class than priority was added since the inbox was last taken."""
+        return self._arrived < priority
 
     def _drain_inbox(self, block: bool) -> None:
         try:

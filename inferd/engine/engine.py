@@ -1,5 +1,6 @@
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -16,7 +17,7 @@ from inferd.engine.sequence import Sequence
 from inferd.models.config import LoadedModel
 from inferd.models.cpu import auto_quantization, has_native_bf16, int4_max_rows
 from inferd.models.int4 import int4_available, quantize_int4_linears
-from inferd.models.llama import LlamaForCausalLM
+from inferd.models.llama import LlamaForCausalLM, StepInterrupted
 from inferd.models.packed import pack_linears
 from inferd.models.paged_attention import load_kernel
 from inferd.models.quant import load_int8_kernel, quantize_linears
@@ -83,6 +84,7 @@ class LLMEngine:
         self.grammars = GrammarCompiler(model.tokenizer, sorted(self.eos_token_ids))
         self.masker = GrammarMasker(self.grammars, mc.vocab_size)
         self.seqs: dict[str, Sequence] = {}
+        self.num_interrupted_steps = 0  # lower-class steps given up for a better request (step's outranked)
         spec = SpecConfig(config.num_speculative_tokens)
         proposer = self._draft_model(draft) if config.speculative_model else None
         self.speculator = Speculator(spec, self.blocks, self.max_model_len, proposer) if spec.num_draft_tokens else None
@@ -168,16 +170,27 @@ class LLMEngine:
 
     # ---- one step
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, outranked: Callable[[int], bool] | None = None) -> list[RequestOutput]:
+        """One forward of the scheduled batch and its tokens. outranked(p): whether a request better than class
+        p arrived since this step was scheduled; a step of lower classes only (no drafts, no grammar) then stops
+        between layers and computes nothing, so that the next step schedules that request at once."""
         batch = self.scheduler.schedule()
         if batch.seqs and self.speculator is not None:
             self.speculator.draft(batch)
-        return self.run_batch(batch) if batch.seqs else []
+        return self.run_batch(batch, outranked) if batch.seqs else []
 
-    def run_batch(self, batch: Batch) -> list[RequestOutput]:
+    def run_batch(self, batch: Batch, outranked: Callable[[int], bool] | None = None) -> list[RequestOutput]:
         sampling = [item.seq for item in batch.seqs if item.samples and not item.draft]
         masks = self.masker.start(sampling)  # grammar masks, computed while the forward runs
-        logits = self.runner.run(batch)
+        best = min(item.seq.priority for item in batch.seqs)
+        stop = None
+        if outranked is not None and best > 0 and masks is None and not any(item.draft for item in batch.seqs):
+            stop = lambda: outranked(best)  # noqa: E731
+        try:
+            logits = self.runner.run(batch, stop)
+        except StepInterrupted:
+            self.num_interrupted_steps += 1
+            return []
         logits, verifying, scored = _split_logits(batch, logits)
         prompt_only = [item.seq for item in batch.seqs if item.reaches_end and not item.samples]
         for item in batch.seqs:

@@ -1,5 +1,5 @@
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from inferd.engine.block_manager import BlockManager
@@ -58,11 +58,15 @@ class Batch:
 
 
 class Scheduler:
-    """Continuous batching under a token budget: decodes first, then prompt chunks.
+    """Continuous batching under a token budget: decodes first, then prompt chunks in rank order.
 
-    When the KV pool runs out, the newest running sequence is preempted: its
-    blocks are freed and it is recomputed later from its tokens, starting at
-    whatever of them is still in the prefix cache.
+    A sequence's rank (priority policy): its class, then how many sequences of its cache namespace (its
+    tenant) are running, then its arrival; so a tenant's new prompt is not computed behind the chunks of a
+    tenant that already runs many, and a lower class never passes a higher one. FCFS ranks by arrival alone.
+    A step that prefills a higher class computes no prompt chunk of a lower one, so it stays short.
+
+    When the KV pool runs out, the worst-ranked running sequence is preempted: its blocks are freed and it is
+    recomputed later from its tokens, starting at whatever of them is still in the prefix cache.
     """
 
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
@@ -71,56 +75,87 @@ class Scheduler:
         self.by_priority = config.scheduling_policy == "priority"
         self.lower_class_seqs = config.lower_class_seqs
         self.blocks = block_manager
-        self.waiting: deque[Sequence] = deque()
+        self.waiting: deque[Sequence] = deque()  # in rank order once schedule() has begun
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0
+        self._load: Counter[str] = Counter()  # running sequences per cache namespace, as this step began
 
     def add(self, seq: Sequence) -> None:
-        self._wait(seq, front=False)
-
-    def _wait(self, seq: Sequence, front: bool) -> None:
-        """FCFS: to the back (a preempted sequence to the front). Priority: behind its betters and equals
-        (a preempted one ahead of its equals), so a lower class never passes a higher one."""
-        if not self.by_priority:
-            self.waiting.appendleft(seq) if front else self.waiting.append(seq)
-            return
-        ahead = (lambda w: w.priority < seq.priority) if front else (lambda w: w.priority <= seq.priority)
-        index = next((i for i, w in enumerate(self.waiting) if not ahead(w)), len(self.waiting))
-        self.waiting.insert(index, seq)
+        self.waiting.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def _rank(self, seq: Sequence) -> tuple[int, int, float]:
+        if not self.by_priority:
+            return 0, 0, seq.arrival_time  # a preempted sequence arrived before those that came after it
+        return seq.priority, self._load[seq.cache_namespace], seq.arrival_time
+
     def schedule(self) -> Batch:
         batch = Batch([], [])
-        budget = self.max_num_batched_tokens
+        self._load = Counter(s.cache_namespace for s in self.running)
+        self.waiting = deque(sorted(self.waiting, key=self._rank))
         self._make_room_for_next()
-        budget, preempted = self._schedule_running(batch, budget)
-        if not preempted:
-            self._schedule_waiting(batch, budget)
+        budget, preempted, chunks = self._schedule_decodes(batch, self.max_num_batched_tokens)
+        self._schedule_prefills(batch, budget, chunks, admit=not preempted)
         return batch
 
-    def _schedule_running(self, batch: Batch, budget: int) -> tuple[int, bool]:
-        queue = deque(sorted(self.running, key=self._running_order))  # stable: oldest first within a key
+    def _schedule_decodes(self, batch: Batch, budget: int) -> tuple[int, bool, list[Sequence]]:
+        """Steps the running sequences that decode (preempting the worst-ranked when blocks run out); returns
+        the budget left, whether any was preempted, and the running sequences that have prompt left."""
+        queue = deque(sorted(self.running, key=self._rank))  # preemption takes from the end
         held = self._held_back(queue)
-        kept, preempted = deque(held), False
+        kept, chunks, preempted = deque(held), [], False
         while queue and budget > 0:
             seq = queue.popleft()
-            n = min(seq.num_uncomputed_tokens, budget)
-            while not self.blocks.can_allocate(seq, seq.num_computed_tokens + n):
+            kept.append(seq)
+            if seq.num_uncomputed_tokens > 1:
+                chunks.append(seq)
+                continue
+            while not self.blocks.can_allocate(seq, seq.num_computed_tokens + 1):
                 preempted = True
-                if not queue:
-                    self._preempt(seq)
+                victim = queue.pop() if queue else kept.pop()
+                self._preempt(victim)
+                if victim is seq:
                     break
-                self._preempt(queue.pop())
             else:
-                self.blocks.allocate(seq, seq.num_computed_tokens + n)
-                (batch.decodes if seq.num_uncomputed_tokens == 1 else batch.prefills).append(ScheduledSeq(seq, n))
-                budget -= n
-                kept.append(seq)
+                self.blocks.allocate(seq, seq.num_computed_tokens + 1)
+                batch.decodes.append(ScheduledSeq(seq, 1))
+                budget -= 1
         kept.extend(queue)  # over budget this step, still running
         self.running = deque(sorted(kept, key=lambda s: s.arrival_time))
-        return budget, preempted
+        return budget, preempted, chunks
+
+    def _schedule_prefills(self, batch: Batch, budget: int, chunks: list[Sequence], admit: bool) -> None:
+        """Prompt chunks of running sequences and new waiting ones, best rank first, until the budget is spent;
+        once a class is prefilled, worse classes wait for a later step. admit: waiting ones may start."""
+        chunks = deque(sorted(chunks, key=self._rank))
+        prefilled = None  # the class prefilled in this step
+        while budget > 0 and (chunks or (admit and self.waiting)):
+            from_waiting = admit and self.waiting and (not chunks or self._rank(self.waiting[0]) < self._rank(chunks[0]))
+            seq = self.waiting[0] if from_waiting else chunks[0]
+            if self.by_priority and prefilled is not None and seq.priority > prefilled:
+                return
+            if from_waiting:
+                n = self._admit(batch, budget)
+                if n is None:
+                    admit = False
+                    continue
+            else:
+                chunks.popleft()
+                n = min(seq.num_uncomputed_tokens, budget)
+                while not self.blocks.can_allocate(seq, seq.num_computed_tokens + n):
+                    admit, victim = False, chunks.pop() if chunks else seq
+                    self.running.remove(victim)
+                    self._preempt(victim)
+                    if victim is seq:
+                        break
+                else:
+                    self.blocks.allocate(seq, seq.num_computed_tokens + n)
+                    batch.prefills.append(ScheduledSeq(seq, n))
+                if seq.status != Status.RUNNING:
+                    continue
+            prefilled, budget = seq.priority, budget - n
 
     def _held_back(self, queue: deque[Sequence]) -> list[Sequence]:
         """Priority policy: while the best class present has work, only lower_class_seqs sequences of lower
@@ -141,33 +176,31 @@ class Scheduler:
         classes = {s.priority for s in self.running} | ({self.waiting[0].priority} if self.waiting else set())
         return min(classes) if len(classes) > 1 else None
 
-    def _running_order(self, seq: Sequence) -> tuple[int, bool]:
-        """Decodes before prompt chunks (higher classes first by priority); preemption takes from the end."""
-        return (seq.priority if self.by_priority else 0), seq.num_uncomputed_tokens > 1
-
-    def _schedule_waiting(self, batch: Batch, budget: int) -> None:
-        """Starts waiting sequences at their longest cached prefix; the rest is computed in prompt chunks."""
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            best = self._best_class()
-            if best is not None and seq.priority > best and sum(
-                    s.priority > best for s in self.running) >= self.lower_class_seqs:
-                break  # it would only be held back
-            prefix = self._reusable_prefix(seq)
-            start = len(prefix) * self.blocks.block_size
-            n = min(len(seq) - start, budget)
-            if not self.blocks.can_admit(seq, start + n, prefix):
-                break
-            self.waiting.popleft()
-            self.blocks.admit(seq, start + n, prefix)
-            seq.num_computed_tokens = start
-            seq.status = Status.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-                seq.num_cached_tokens = start
-            self.running.append(seq)
-            batch.prefills.append(ScheduledSeq(seq, n))
-            budget -= n
+    def _admit(self, batch: Batch, budget: int) -> int | None:
+        """Starts the first waiting sequence at its longest cached prefix (the rest of it is computed in prompt
+        chunks); the tokens it computes in this step, or None if it cannot start now."""
+        seq = self.waiting[0]
+        if len(self.running) >= self.max_num_seqs:
+            return None
+        best = self._best_class()
+        if best is not None and seq.priority > best and sum(
+                s.priority > best for s in self.running) >= self.lower_class_seqs:
+            return None  # it would only be held back
+        prefix = self._reusable_prefix(seq)
+        start = len(prefix) * self.blocks.block_size
+        n = min(len(seq) - start, budget)
+        if not self.blocks.can_admit(seq, start + n, prefix):
+            return None
+        self.waiting.popleft()
+        self.blocks.admit(seq, start + n, prefix)
+        seq.num_computed_tokens = start
+        seq.status = Status.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+            seq.num_cached_tokens = start
+        self.running.append(seq)
+        batch.prefills.append(ScheduledSeq(seq, n))
+        return n
 
     def _reusable_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks seq may start on: none when it asks for prompt logprobs, which need every position's
@@ -204,7 +237,8 @@ class Scheduler:
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
-        self._wait(seq, front=True)
+        rank = self._rank(seq)
+        self.waiting.insert(next((i for i, w in enumerate(self.waiting) if rank < self._rank(w)), len(self.waiting)), seq)
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:

@@ -6,6 +6,7 @@ decode tokens (one query each) come first and are batched; each prefill chunk
 follows and runs on its own.
 """
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,10 @@ from torch import nn
 from torch.profiler import record_function
 
 from inferd.models.config import ModelConfig
+
+
+class StepInterrupted(Exception):
+    """A forward stopped between layers because its caller asked it to (LlamaForCausalLM.forward's stop)."""
 
 
 class UnsupportedModelError(Exception):
@@ -207,11 +212,15 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: torch.Tensor,
-                logits_indices: torch.Tensor) -> torch.Tensor:
-        """kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns fp32 logits of the rows asked for."""
+                logits_indices: torch.Tensor, stop: Callable[[], bool] | None = None) -> torch.Tensor:
+        """kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns fp32 logits of the rows asked for.
+        stop: asked before each layer; when it says True the forward ends with StepInterrupted (the K/V it
+        wrote are for positions not yet counted as computed: a later forward writes them again)."""
         h = self.embed_tokens(input_ids)
         rope = self.rope(positions)
         for i, layer in enumerate(self.layers):
+            if stop is not None and stop():
+                raise StepInterrupted(f"stopped before layer {i}")
             h = layer(h, rope, meta, kv_cache[i, 0], kv_cache[i, 1])
         h = self.norm(h[logits_indices])
         return self.lm_head(h).float()

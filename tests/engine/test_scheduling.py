@@ -101,3 +101,67 @@ def test_while_an_interactive_request_runs_only_lower_class_seqs_batch_sequences
     assert stepped_beside and max(stepped_beside) <= 1  # one batch sequence at a time beside the interactive one
     assert engine.scheduler.num_preemptions == 0  # held back, not preempted: their blocks stayed
     assert tokens["i"] == alone["i"] and all(tokens[r][-5:] == alone[r][-5:] for r in ("b1", "b2", "b3"))
+
+
+def step_seeing(engine) -> tuple[list[str], list[str], list]:
+    """One engine step; the request ids it decodes and prefills, and its outputs."""
+    batch = engine.scheduler.schedule()
+    decodes, prefills = [s.seq.request_id for s in batch.decodes], [s.seq.request_id for s in batch.prefills]
+    return decodes, prefills, engine.run_batch(batch) if batch.seqs else []
+
+
+def test_a_tenant_that_runs_nothing_is_prefilled_before_one_that_runs_many():
+    ps = prompts(7, seed=11)
+    long_prompts = [p * 3 for p in ps]  # 9 to 57 tokens: more than the 8 a step leaves for prompts below
+    for policy, first in (("priority", "a"), ("fcfs", "f4")):
+        engine = make_engine(max_num_batched_tokens=64, scheduling_policy=policy)
+        for i in range(4):
+            engine.add_request(f"f{i}", long_prompts[i], greedy(20), cache_namespace="flooder")
+        while len(engine.scheduler.running) < 4 or any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running):
+            engine.step()  # the flooder's four decode now
+        engine.add_request("f4", long_prompts[4], greedy(20), cache_namespace="flooder")
+        engine.add_request("a", long_prompts[5], greedy(20), cache_namespace="tenant-a")
+        engine.scheduler.max_num_batched_tokens = 4 + 8  # four decodes and one 8-token chunk per step
+        decodes, prefills, _ = step_seeing(engine)
+        assert sorted(decodes) == ["f0", "f1", "f2", "f3"] and prefills == [first], policy
+        engine.scheduler.max_num_batched_tokens = 256
+        while engine.has_work():
+            engine.step()
+        assert_no_leak(engine)
+
+
+def test_a_step_that_prefills_an_interactive_prompt_computes_no_batch_prompt_chunk():
+    ps = prompts(2, seed=13)
+    engine = make_engine(max_num_batched_tokens=8)
+    engine.add_request("b", ps[0] * 6, greedy(5), priority=BATCH)  # 18+ tokens: chunks of 8
+    _, prefills, _ = step_seeing(engine)
+    assert prefills == ["b"] and engine.scheduler.running[0].num_uncomputed_tokens > 1  # b is mid-prompt
+    engine.add_request("i", ps[1][:4], greedy(5), priority=INTERACTIVE)  # 4 tokens: 4 of the budget left over
+    _, prefills, _ = step_seeing(engine)
+    assert prefills == ["i"]  # b's next chunk waits, though the budget had room for part of it
+    while engine.has_work():
+        engine.step()
+    assert_no_leak(engine)
+
+
+def test_a_batch_step_outranked_by_an_arrival_stops_and_loses_nothing():
+    ps = prompts(3, seed=17)
+    long = greedy(12)
+    ps[0] = ps[0] * 2  # b1 takes more than one step's 8 tokens
+    alone = {rid: outputs(make_engine(), {rid: (ps[i], long, 0)})[0][rid] for i, rid in enumerate(["b1", "b2", "i"])}
+    engine = make_engine(max_num_batched_tokens=8)
+    engine.add_request("b1", ps[0], long, priority=BATCH)
+    engine.add_request("b2", ps[1], long, priority=BATCH)
+    asked = []
+    tokens = defaultdict(list)
+    for out in engine.step(outranked=lambda p: asked.append(p) or True):  # an interactive request "arrived"
+        tokens[out.request_id] += out.token_ids
+    assert asked == [BATCH] and engine.num_interrupted_steps == 1 and not tokens  # it stopped at its first layer
+    assert all(s.num_computed_tokens == 0 for s in engine.scheduler.running)  # and counted nothing as computed
+    engine.add_request("i", ps[2], long, priority=INTERACTIVE)
+    while engine.has_work():  # a step that holds the interactive request is never stopped
+        for out in engine.step(outranked=lambda p: "i" in engine.seqs):
+            tokens[out.request_id] += out.token_ids
+    assert engine.num_interrupted_steps == 1
+    assert_no_leak(engine)
+    assert all(tokens[r] == alone[r] for r in ("b1", "b2", "i"))  # the stopped step's K/V were written again
