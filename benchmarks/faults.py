@@ -46,6 +46,7 @@ from tests.gateway.services import OwnPostgres, OwnRedis
 KEY = "sk-bench-faults-key"
 WORDS = "apple river stone cloud maple violet copper meadow lantern harbor".split()
 OUT = ROOT / "benchmarks" / "results" / "faults.json"
+MACHINE_NOTE = ["nothing else running"]  # --machine-note
 
 
 def serve(args_: list[str], port: int, folder: Path, log: str) -> subprocess.Popen:
@@ -473,7 +474,7 @@ def machine() -> dict:
     model = next((line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True,
                   text=True).stdout.splitlines() if line.startswith("Model name")), "unknown")
     return {"cpu": model, "cores": os.cpu_count(), "load_average_before": os.getloadavg(),
-            "shared": "2 cores shared with other agents' work (tests, builds) during the run"}
+            "shared": MACHINE_NOTE[0]}
 
 
 def main() -> None:
@@ -494,8 +495,10 @@ def main() -> None:
     p.add_argument("--flood-workers", type=int, default=16)
     p.add_argument("--isolation-inflight", type=int, default=8)
     p.add_argument("--port", type=int, default=8972)
+    p.add_argument("--machine-note", default="nothing else running", help="what else ran on the machine")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
+    MACHINE_NOTE[0] = args.machine_note
     parts = args.only or ["outage", "crash", "isolation"]
     result = json.loads(args.out.read_text()) if args.out.exists() else {}
     for part in parts:

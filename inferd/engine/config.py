@@ -33,7 +33,7 @@ class EngineConfig:
                                             "num_speculative_tokens", metavar="PATH|layers:N")
     scheduling_policy: str = setting("priority", "priority: the gateway's class (interactive before batch, "
                                      "batch preempted first); fcfs", SCHEDULING_POLICIES)
-    lower_class_seqs: int = setting(1, "priority policy: sequences of a lower class (batch) stepped while a higher "
+    lower_class_seqs: int = setting(0, "priority policy: sequences of a lower class (batch) stepped while a higher "
                                     "class has work; the others keep their KV blocks and wait, so interactive "
                                     "steps stay short (0: none)")
     enable_prefix_caching: bool = setting(True, "reuse the KV of full prompt blocks seen before in the same "
