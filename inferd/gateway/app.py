@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from inferd.gateway import admin, classical, embeddings, text
+from inferd.gateway import admin, classical, embeddings, runtimes, text
 from inferd.gateway.async_jobs import AsyncJobStore, AsyncRoutes, wants_async
 from inferd.gateway.async_runner import AsyncRunner
 from inferd.gateway.auth import KeyCache, client_address
@@ -171,7 +171,7 @@ class GatewayRoutes:
 
     async def metrics(self, request: Request) -> Response:
         """The gateway's metrics, then those of the replicas it started, any runtime (labelled replica=...)."""
-        ours = [u for d in self.gw.deployments.every() if d.runtime != "openai" for u in d.upstreams]
+        ours = [u for d in self.gw.deployments.every() if runtimes.has_metrics(d) for u in d.upstreams]
         text_ = self.gw.metrics.render() + await replica_metrics(self.gw.client, ours)
         return Response(text_, media_type=CONTENT_TYPE_LATEST)
 

@@ -116,7 +116,7 @@ class Deployment:
     version: str = "v1"
     upstream_model: str | None = None  # the model id the upstream expects, if not `name`
     internal_headers: bool = True  # ours (x-inferd-* headers, usage events) or an external server
-    runtime: str = "inferd"  # what its replicas run: inferd | vllm (started by inferd) | openai (external)
+    runtime: str = "inferd"  # what its replicas run: inferd | vllm | llama.cpp (started by inferd) | openai (external)
     card: dict = field(default_factory=dict)  # what GET /v1/models shows
     router: Router = field(default_factory=Router)
     fallbacks: list[str] = field(default_factory=list)  # deployments that take the requests this one fails

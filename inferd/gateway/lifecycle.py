@@ -185,6 +185,7 @@ class RequestPath:
                 return
             yield Head(200, answer)
             ours = attempt.deployment.internal_headers  # else the gateway keeps the deadline: first token by it
+            attempt.outcome.planned_prompt_tokens = plan.prompt_tokens
             async for chunk in relay.relay_stream(response, attempt.outcome, x.arrival_s, ours, plan.usage_mode,
                                                   None if ours else x.deadline_s):
                 yield chunk
@@ -365,7 +366,9 @@ class RequestPath:
 
     def _upstream_headers(self, x: Exchange, attempt: Attempt) -> dict[str, str]:
         d, upstream = attempt.deployment, attempt.upstream
-        out = {"content-type": "application/json", headers.REQUEST_ID: x.request_id}
+        out = {"content-type": "application/json"}
+        if runtimes.takes_request_id(d):
+            out[headers.REQUEST_ID] = x.request_id
         if upstream.api_key:
             out["authorization"] = f"Bearer {upstream.api_key}"
         if d.internal_headers:

@@ -5,7 +5,8 @@ the first token, whether another replica or deployment may still take it) and th
 Streams from our replicas are passed on as bytes: usage arrives as SSE comments (headers.USAGE_PREFIX),
 read here and dropped, so no chunk the client gets is parsed or re-serialized. A stream's last event,
 `data: [DONE]`, is held back (Outcome.stream_done): the lifecycle sends it once the usage is journaled. An external server's
-chunks are parsed only until the first token, and after that only those that carry usage.
+chunks are parsed for its usage and counted: a server that streams no usage (llama.cpp's) is billed for the
+prompt as the gateway counted it and one token per chunk of text.
 """
 import asyncio
 import json
@@ -39,6 +40,10 @@ class Outcome:
     first_token_unix_ns: int | None = None  # for the span's first_token event
     streamed: bool = False  # the answer came as a stream: its first token was seen here
     decode_s: float | None = None  # a unary answer's first output token to its end, as our replica says
+    usage_seen: bool = False  # the upstream said its usage
+    planned_prompt_tokens: int = 0  # the prompt as the gateway counted it
+    text_chunks: int = 0  # choices with text in an external stream's chunks
+    stream_head: dict | None = None  # an external stream's id, object, created and model
     retry_reason: str | None = None  # nothing reached the client: a fallback deployment may take it
     unreachable: bool = False  # no connection: another replica of the same deployment may take it
     no_answer: bool = False  # failed before the answer's head (no connection, a reset, a read error): ditto
@@ -54,9 +59,16 @@ class Outcome:
 
     def observe_usage(self, usage: dict | None) -> None:
         if usage:
+            self.usage_seen = True
             self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             self.completion_tokens = int(usage.get("completion_tokens") or 0)
             self.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+    def counted_usage(self) -> None:
+        """A stream that said no usage: the prompt as the gateway counted it, a token per chunk of text (a
+        server that sends some tokens' text in one chunk is billed for fewer)."""
+        if not self.usage_seen and self.text_chunks:
+            self.prompt_tokens, self.completion_tokens = self.planned_prompt_tokens, self.text_chunks
 
     def first_token(self, arrival_s: float) -> None:
         if self.ttft_s is None:
@@ -145,6 +157,8 @@ async def relay_stream(response: httpx.Response, outcome: Outcome, arrival_s: fl
                     outcome.first_token(arrival_s)
                     continue
                 if event == DONE:
+                    if not ours and usage_mode != "none" and not outcome.usage_seen:
+                        out.append(_counted_usage_event(outcome))  # what the client asked for, from the count
                     outcome.end("completed", 200)
                     outcome.stream_done = True
                     continue
@@ -167,6 +181,8 @@ async def relay_stream(response: httpx.Response, outcome: Outcome, arrival_s: fl
         await response.aclose()
         if usage_comment is not None:
             outcome.observe_usage(json.loads(usage_comment[len(headers.USAGE_PREFIX):]))
+        if not ours:
+            outcome.counted_usage()
 
 
 async def _until_first_token(chunks: AsyncIterator[bytes], outcome: Outcome, first_token_by: float | None
@@ -187,14 +203,28 @@ async def _until_first_token(chunks: AsyncIterator[bytes], outcome: Outcome, fir
 
 def _external_event(event: bytes, outcome: Outcome, arrival_s: float, usage_mode: str) -> bool:
     """Reads what an external server's event says of tokens and usage; False: not for the client."""
-    if outcome.ttft_s is not None and b'"usage"' not in event or not event.startswith(b"data: "):
+    if not event.startswith(b"data: "):
         return True
-    chunk = json.loads(event[6:])
+    try:
+        chunk = json.loads(event[6:])
+    except ValueError:
+        return True  # not ours to judge: passed on as it came
     outcome.observe_usage(chunk.get("usage"))
-    if chunk.get("choices"):
+    if outcome.stream_head is None:
+        outcome.stream_head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
+    if choices := chunk.get("choices"):
+        outcome.text_chunks += sum(1 for c in choices if (c.get("delta") or {}).get("content") or c.get("text"))
         outcome.first_token(arrival_s)
         return True
     return usage_mode != "none"
+
+
+def _counted_usage_event(outcome: Outcome) -> bytes:
+    """The usage chunk a stream that said none would have ended with (Outcome.counted_usage)."""
+    outcome.counted_usage()
+    usage = {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+             "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+    return sse_event((outcome.stream_head or {}) | {"choices": [], "usage": usage})
 
 
 def _seconds(raw: str | None) -> float | None:

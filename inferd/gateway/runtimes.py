@@ -5,6 +5,8 @@ plane) is told the same things in its own request fields: the tenant as `cache_s
 are shared only within a tenant), the priority class as `priority` (lower runs first, under vLLM's priority
 scheduling), and for streams usage in every chunk (`continuous_usage_stats`: a cancelled stream is billed
 for what it got). Its load comes from its Prometheus metrics (vllm:*), mapped onto /ready's keys.
+A llama.cpp replica takes none of these (one request at a time, no metrics, no usage in its streams: the
+relay counts their chunks).
 """
 import httpx
 
@@ -21,6 +23,17 @@ def stream_options(d: Deployment) -> dict | None:
     if d.internal_headers:
         return None
     return {"include_usage": True, "continuous_usage_stats": True} if d.runtime == "vllm" else {"include_usage": True}
+
+
+def has_metrics(d: Deployment) -> bool:
+    """Whether the deployment's replicas are the gateway's and serve Prometheus metrics (federated on /metrics)."""
+    return d.runtime in ("inferd", "vllm")
+
+
+def takes_request_id(d: Deployment) -> bool:
+    """Whether the replica takes the gateway's request id header (llama.cpp's server answers 400 to an
+    x-request-id that is not a UUID)."""
+    return d.runtime != "llama.cpp"
 
 
 def request_fields(d: Deployment, tenant_id: str, priority_class: str) -> dict | None:

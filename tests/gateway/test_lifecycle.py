@@ -208,6 +208,28 @@ def test_an_external_stream_is_asked_for_usage_which_the_client_did_not_ask_for(
     assert [(x.status, x.completion_tokens, x.ttft_s is not None) for x in records] == [("completed", 1, True)]
 
 
+def test_an_external_stream_that_says_no_usage_is_billed_a_token_per_chunk_of_text(tmp_path):
+    head = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+    role, text = head + b'"delta":{"role":"assistant"}}]}', head + b'"delta":{"content":"hi"}}]}'
+    end = head + b'"delta":{},"finish_reason":"length"}]}'
+
+    async def stream(request):  # as llama.cpp's server streams: no usage, whatever was asked
+        return httpx.Response(200, stream=httpx.ByteStream(sse(role, text, text, text, end, b"data: [DONE]")))
+
+    gw, key = make_gateway(tmp_path, Replicas(a=stream), [deployment("m", "a", ours=False)])
+    r, records = run(gw, key, CHAT | {"stream": True, "stream_options": {"include_usage": True}})
+    events = [json.loads(e[6:]) for e in r.content.decode().split("\n\n") if e.startswith("data: {")]
+    [record] = records
+    assert (record.status, record.completion_tokens) == ("completed", 3) and record.prompt_tokens > 0
+    assert events[-1] == {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+                          "usage": {"prompt_tokens": record.prompt_tokens, "completion_tokens": 3,
+                                    "total_tokens": record.prompt_tokens + 3}}
+    (tmp_path / "again").mkdir()
+    gw, key = make_gateway(tmp_path / "again", Replicas(a=stream), [deployment("m", "a", ours=False)])
+    r, records = run(gw, key, CHAT | {"stream": True})  # not asked for: counted all the same, not sent
+    assert b'"usage"' not in r.content and [x.completion_tokens for x in records] == [3]
+
+
 def test_a_stream_the_replica_breaks_ends_with_an_error_event(tmp_path):
     class Broken(httpx.AsyncByteStream):
         async def __aiter__(self):
