@@ -132,7 +132,8 @@ class Scheduler:
         chunks = deque(sorted(chunks, key=self._rank))
         prefilled = None  # the class prefilled in this step
         while budget > 0 and (chunks or (admit and self.waiting)):
-            from_waiting = admit and self.waiting and (not chunks or self._rank(self.waiting[0]) < self._rank(chunks[0]))
+            from_waiting = admit and self.waiting and (
+                not chunks or self._rank(self.waiting[0]) < self._rank(chunks[0]))
             seq = self.waiting[0] if from_waiting else chunks[0]
             if self.by_priority and prefilled is not None and seq.priority > prefilled:
                 return
@@ -238,7 +239,8 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
         rank = self._rank(seq)
-        self.waiting.insert(next((i for i, w in enumerate(self.waiting) if rank < self._rank(w)), len(self.waiting)), seq)
+        at = next((i for i, w in enumerate(self.waiting) if rank < self._rank(w)), len(self.waiting))
+        self.waiting.insert(at, seq)
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
