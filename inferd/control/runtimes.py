@@ -106,9 +106,9 @@ def vllm_command(python: str, model_dir: Path, name: str, settings: EngineConfig
 def llamacpp_settings(gguf: Path, name: str, settings: EngineConfig, host: str, port: int, api_key: str) -> dict:
     """llama_cpp.server's config file (its --config_file: the key stays off the command line)."""
     s, threads = settings, settings.num_threads or os.cpu_count() or 1
-    model = {"model": str(gguf), "model_alias": name, "n_ctx": s.max_model_len or 0, "n_batch": s.max_num_batched_tokens,
-             "n_ubatch": s.max_num_batched_tokens, "n_threads": threads, "n_threads_batch": threads, "cache": False,
-             "verbose": False}
+    model = {"model": str(gguf), "model_alias": name, "n_ctx": s.max_model_len or 0,
+             "n_batch": s.max_num_batched_tokens, "n_ubatch": s.max_num_batched_tokens, "n_threads": threads,
+             "n_threads_batch": threads, "cache": False, "verbose": False}
     # interrupt_requests off: else a new request cuts the stream that holds the context short
     return {"host": host, "port": port, "api_key": api_key, "interrupt_requests": False, "models": [model]}
 
@@ -156,8 +156,11 @@ class RuntimeProcess:
                                f"${rt.python_env}, or create one with {rt.install}")
         self.started_unix_s = time.time()
         cmd, env = self._vllm(python) if self.engine == "vllm" else self._llamacpp(python)
+        # llama.cpp's server writes an access line per request to stdout (its errors go to stderr)
+        stdout = subprocess.DEVNULL if self.engine == "llama.cpp" else None
         # its own process group: its engine core and workers are stopped with it, even after it was killed
-        self.proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=stdout, preexec_fn=_die_with_parent,
+                                     start_new_session=True)
         log.info("started %s replica pid %d on %s", self.engine, self.proc.pid, self.url)
 
     def _vllm(self, python: str) -> tuple[list[str], dict]:
@@ -177,7 +180,8 @@ class RuntimeProcess:
         config = self.folder / "server.json"
         config.write_text(json.dumps(llamacpp_settings(source_path("text", self.source), self.name, self.settings,
                                                        self.host, self.port, self.api_key)))
-        return [python, "-m", "llama_cpp.server", "--config_file", str(config), *self.choice.args], dict(os.environ)
+        cmd = [python, "-m", "llama_cpp.server", "--config_file", str(config), *self.choice.args]
+        return cmd, dict(os.environ)
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:
         """Until the server answers and a one-token completion comes back; raises if the process ends first."""
