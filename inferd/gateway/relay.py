@@ -209,6 +209,8 @@ def _external_event(event: bytes, outcome: Outcome, arrival_s: float, usage_mode
         chunk = json.loads(event[6:])
     except ValueError:
         return True  # not ours to judge: passed on as it came
+    if not isinstance(chunk, dict):
+        return True
     outcome.observe_usage(chunk.get("usage"))
     if outcome.stream_head is None:
         outcome.stream_head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
