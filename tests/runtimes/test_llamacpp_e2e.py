@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import openai
-import psutil
 import pytest
 
-from tests.runtimes.test_vllm_e2e import records
+from tests.runtimes.test_vllm_e2e import records, servers
 from tests.server import ROOT, server_process
 
 KEY = "sk-llamacpp-e2e-key"
@@ -84,25 +83,14 @@ def test_requests_beyond_its_one_slot_wait_in_the_gateway_and_all_finish(server)
     assert all(texts), texts
 
 
-def llamacpp_servers(pid: int) -> list[psutil.Process]:
-    out = []
-    for p in psutil.Process(pid).children():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "llama_cpp.server" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
-
-
 def test_a_killed_llamacpp_replica_is_replaced(server):
     proc, url, _ = server
-    [old] = llamacpp_servers(proc.pid)
+    [old] = servers(proc.pid, "llama_cpp.server")
     old.send_signal(signal.SIGKILL)
     api = client(url)
     deadline = time.monotonic() + 200
     while time.monotonic() < deadline:
-        new = llamacpp_servers(proc.pid)
+        new = servers(proc.pid, "llama_cpp.server")
         if new and new[0].pid != old.pid:
             try:
                 r = api.chat.completions.create(model="smol-llamacpp", max_tokens=2,

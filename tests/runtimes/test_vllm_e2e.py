@@ -136,11 +136,12 @@ def test_a_deadline_that_passes_before_the_first_token_aborts_the_request_on_vll
         pytest.fail(f"vLLM still runs the request: {running}")
 
 
-def vllm_servers(pid: int) -> list[psutil.Process]:
+def servers(pid: int, command: str) -> list[psutil.Process]:
+    """The live children of pid whose command line holds command."""
     out = []
     for p in psutil.Process(pid).children():
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "vllm" in " ".join(p.cmdline()):
+            if p.status() != psutil.STATUS_ZOMBIE and command in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.Error:
             continue
@@ -149,13 +150,13 @@ def vllm_servers(pid: int) -> list[psutil.Process]:
 
 def test_a_killed_vllm_replica_is_replaced_and_leaves_no_process_behind(server):
     proc, url, _ = server
-    [old] = vllm_servers(proc.pid)
+    [old] = servers(proc.pid, "vllm")
     engine = old.children(recursive=True)  # its engine core and worker
     old.send_signal(signal.SIGKILL)
     api = client(url)
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline:
-        new = vllm_servers(proc.pid)
+        new = servers(proc.pid, "vllm")
         if new and new[0].pid != old.pid:
             try:
                 r = api.chat.completions.create(model="smol-vllm", messages=[{"role": "user", "content": "Hi"}],
