@@ -1,4 +1,5 @@
-"""inferd (fp32 and int8 weights) against llama.cpp on the same SmolLM2 GGUF file, in one run.
+"""inferd (fp32, int8 weights, and int4 with bf16 activations where the CPU has native bf16) against llama.cpp
+on the same SmolLM2 GGUF file, in one run.
 
 Same workload as benchmarks/engine.py, same random token ids for every engine:
   decode B: B sequences of 128 prompt tokens, 128 new tokens each, greedy, no EOS stop;
@@ -117,19 +118,19 @@ def llamacpp_worker(spec: dict) -> dict:
 
 # ---- inferd (this venv)
 
-def inferd_results(model, quantization: str, batches: list[int], repeats: int, threads: int) -> dict:
+def inferd_results(model, dtype: str, quantization: str, batches: list[int], repeats: int, threads: int) -> dict:
     from benchmarks.engine import inferd_decode, inferd_prefill
     from inferd.engine.config import EngineConfig
     from inferd.engine.engine import LLMEngine
 
-    engine = LLMEngine(model, EngineConfig(dtype="float32", quantization=quantization, max_num_seqs=max(batches),
+    engine = LLMEngine(model, EngineConfig(dtype=dtype, quantization=quantization, max_num_seqs=max(batches),
                                            max_num_batched_tokens=max(batches) * PROMPT_LEN, kv_cache_gib=2.0,
                                            num_threads=threads, enable_prefix_caching=False))
-    out = {"dtype": "float32", "quantization": quantization, "decode": {}}
+    out = {"dtype": dtype, "quantization": quantization, "decode": {}}
     out["prefill"] = median_of(lambda: inferd_prefill(engine), repeats)
     for b in batches:
         out["decode"][str(b)] = median_of(lambda: inferd_decode(engine, b), repeats)
-        _log(f"inferd {quantization} B={b}: {out['decode'][str(b)]}")
+        _log(f"inferd {dtype} {quantization} B={b}: {out['decode'][str(b)]}")
     return out
 
 
@@ -143,6 +144,8 @@ def main() -> None:
     ap.add_argument("--llama-extra-bufts", action="store_true",
                     help="let llama.cpp repack weights into its extra buffer types (off by default)")
     ap.add_argument("--skip-inferd", action="store_true")
+    ap.add_argument("--variants", default=None, help="inferd's dtype/quantization pairs (default: float32/none, "
+                    "float32/int8, and bfloat16/int4 where the CPU has native bf16)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # llama.cpp side: spec on stdin
     args = ap.parse_args()
@@ -179,26 +182,33 @@ def main() -> None:
         sys.exit(f"llama.cpp worker failed:\n{proc.stderr[-3000:]}")
     result["llama.cpp"] = json.loads(proc.stdout)
     if not args.skip_inferd:
-        for quantization in ("none", "int8"):
-            result[f"inferd {quantization}"] = inferd_results(model, quantization, batches, args.repeats,
-                                                                  torch.get_num_threads())
+        from inferd.models.cpu import has_native_bf16
+        default = "float32/none,float32/int8" + (",bfloat16/int4" if has_native_bf16() else "")
+        for variant in (args.variants or default).split(","):
+            dtype, quantization = variant.split("/")
+            result[f"inferd {dtype} {quantization}"] = inferd_results(model, dtype, quantization, batches,
+                                                                      args.repeats, torch.get_num_threads())
     result["machine"]["load_average_after"] = _loadavg()
     from benchmarks.quantization import save_report  # here: the llama.cpp worker's venv has no torch
     save_report(result, markdown(result), args.out)
 
 
 def markdown(r: dict) -> str:
-    names = [n for n in ("inferd none", "inferd int8", "llama.cpp") if n in r]
-    label = {"inferd none": "inferd fp32", "inferd int8": "inferd int8 weights", "llama.cpp": "llama.cpp Q4_1"}
+    names = [n for n in r if n.startswith("inferd ")] + ["llama.cpp"]
+    label = {"inferd none": "inferd fp32", "inferd int8": "inferd int8 weights", "llama.cpp": "llama.cpp Q4_1"} | {
+        n: n for n in names if n.count(" ") == 2}  # older reports: "inferd none"; now "inferd DTYPE QUANTIZATION"
     rows = [("prefill 1,024 tokens", lambda d: d["prefill"])] + [
         (f"decode B={b} (aggregate)", lambda d, b=b: d["decode"][b]) for b in r["llama.cpp"]["decode"]]
     lines = [f"# inferd vs llama.cpp {r['llama.cpp']['version']} on {r['model']} ({r['date']}; "
              f"{r['machine']['cpu']}, {r['machine']['threads']} threads; load average before "
              f"{r['machine']['load_average_before']}, after {r['machine']['load_average_after']})", "",
              "tokens/s, median of " + str(r["workload"]["repeats"]) + " runs", "",
-             "| | " + " | ".join(label[n] for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+             "| | " + " | ".join(label[n] for n in names) + " | best inferd / llama.cpp |",
+             "|---" * (len(names) + 2) + "|"]
     for text, get in rows:
-        lines.append(f"| {text} | " + " | ".join(str(get(r[n])["median_tok_s"]) for n in names) + " |")
+        best = max(get(r[n])["median_tok_s"] for n in names[:-1]) if len(names) > 1 else float("nan")
+        lines.append(f"| {text} | " + " | ".join(str(get(r[n])["median_tok_s"]) for n in names)
+                     + f" | {best / get(r['llama.cpp'])['median_tok_s']:.2f}x |")
     return "\n".join(lines)
 
 
