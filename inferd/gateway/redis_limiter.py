@@ -6,8 +6,10 @@ While Redis cannot be reached (a call fails or takes over REDIS_TIMEOUT_S), the 
 checks and reserves against its own in-process limiter (the same limits, counted by this gateway alone, so
 N gateways may let a tenant have up to N times its rates and concurrency for the outage) and tries Redis
 again after LOCAL_RETRY_S. A Redis reservation whose settle failed waits in memory and is settled in Redis
-before anything else once it answers, so no concurrency lease stays taken for CONCURRENCY_LEASE_S.
+before anything else once it answers (tried again every LOCAL_RETRY_S, also when no request comes to do it),
+so no concurrency lease stays taken for CONCURRENCY_LEASE_S.
 """
+import asyncio
 import logging
 import time
 from collections import deque
@@ -114,6 +116,7 @@ class RedisLimiter:
         self._outage = False
         self.failures = 0  # calls that found Redis down
         self._leasing: set[str] = set()  # Redis reservations with a concurrency charge, not yet settled there
+        self._retrying: asyncio.Task | None = None  # settles what waits once Redis may be tried again
 
     @property
     def leases_held(self) -> int:
@@ -148,6 +151,14 @@ class RedisLimiter:
             if len(self._unsettled) == MAX_UNSETTLED:  # the oldest is left to its lease's expiry
                 self._leasing.discard(self._unsettled.popleft()[0].id)
             self._unsettled.append((reservation, actual))
+            if self._retrying is None or self._retrying.done():
+                self._retrying = asyncio.get_running_loop().create_task(self._retry_unsettled())
+
+    async def _retry_unsettled(self) -> None:
+        """Until nothing waits: whenever Redis may be tried again, a call that settles what waited."""
+        while self._unsettled:
+            await asyncio.sleep(max(self._down_until - time.monotonic(), 0.0) + 0.05)
+            await self._shared(_nothing)
 
     async def _shared(self, call, *args) -> tuple[bool, Any]:
         """(True, call's result) from Redis; (False, None) if Redis is down (RateLimited passes through)."""
@@ -209,4 +220,10 @@ class RedisLimiter:
         self._leasing.discard(reservation.id)
 
     async def close(self) -> None:
+        if self._retrying is not None:
+            self._retrying.cancel()
         await self.redis.aclose()
+
+
+async def _nothing() -> None:
+    return None
