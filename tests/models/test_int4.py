@@ -17,6 +17,7 @@ from inferd.models.int4 import (
     kernel_dequantized,
     quantize_q4_1,
 )
+from tests.engine.test_engine import run
 from tests.tiny import tiny_loaded_model
 
 pytestmark = pytest.mark.skipif(not int4_available(), reason="this torch has no _weight_int4pack_mm_for_cpu")
@@ -107,12 +108,7 @@ def test_int4_engine_runs_and_agrees_with_fp32(dtype):
     outputs = []
     for config in (dict(dtype="float32"), dict(dtype=dtype, quantization="int4")):
         e = LLMEngine(model, EngineConfig(num_kv_blocks=64, block_size=4, **config))
-        for rid, ids in prompts.items():
-            e.add_request(rid, ids, params)
-        tokens = {rid: [] for rid in prompts}
-        while e.has_work():
-            for out in e.step():
-                tokens[out.request_id] += out.token_ids
+        tokens = run(e, {rid: (ids, params) for rid, ids in prompts.items()})[0]
         assert all(len(t) == 8 for t in tokens.values())
         outputs.append(tokens)
     assert e.dtype == (torch.bfloat16 if dtype == "auto" else torch.float32) and any(isinstance(m, Int4Linear) for m in e.model.modules())

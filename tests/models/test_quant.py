@@ -7,6 +7,7 @@ from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
 from inferd.models.quant import Int8Linear, dequantize_int8, load_int8_kernel, quantize_int8
+from tests.engine.test_engine import run
 from tests.tiny import tiny_loaded_model
 
 kernel = load_int8_kernel()
@@ -70,12 +71,7 @@ def test_engine_greedy_with_int8_runs_and_mostly_agrees():
     prompts = {f"r{i}": list(range(3 + i, 13 + 2 * i)) for i in range(6)}
     outputs = []
     for e in (engine("none"), engine("int8")):
-        for rid, ids in prompts.items():
-            e.add_request(rid, ids, params)
-        tokens = {rid: [] for rid in prompts}
-        while e.has_work():
-            for out in e.step():
-                tokens[out.request_id] += out.token_ids
+        tokens = run(e, {rid: (ids, params) for rid, ids in prompts.items()})[0]
         assert all(len(t) == 12 for t in tokens.values())
         outputs.append(tokens)
     first_tokens_agree = sum(outputs[0][r][0] == outputs[1][r][0] for r in prompts)

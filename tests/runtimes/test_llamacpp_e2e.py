@@ -8,14 +8,12 @@ cores, more than CI's budget): its python is $INFERD_LLAMACPP_PYTHON (default .v
 Without it these tests skip, in CI too, saying how to install it."""
 import concurrent.futures
 import os
-import signal
-import time
 from pathlib import Path
 
 import openai
 import pytest
 
-from tests.runtimes.test_vllm_e2e import records, servers
+from tests.runtimes.test_vllm_e2e import kill_and_wait_replaced, records
 from tests.server import ROOT, server_process
 
 KEY = "sk-llamacpp-e2e-key"
@@ -85,19 +83,4 @@ def test_requests_beyond_its_one_slot_wait_in_the_gateway_and_all_finish(server)
 
 def test_a_killed_llamacpp_replica_is_replaced(server):
     proc, url, _ = server
-    [old] = servers(proc.pid, "llama_cpp.server")
-    old.send_signal(signal.SIGKILL)
-    api = client(url)
-    deadline = time.monotonic() + 200
-    while time.monotonic() < deadline:
-        new = servers(proc.pid, "llama_cpp.server")
-        if new and new[0].pid != old.pid:
-            try:
-                r = api.chat.completions.create(model="smol-llamacpp", max_tokens=2,
-                                                messages=[{"role": "user", "content": "Hi"}])
-                assert r.usage.completion_tokens >= 1
-                return
-            except openai.APIStatusError:
-                pass
-        time.sleep(1)
-    pytest.fail("the llama.cpp replica was not replaced")
+    kill_and_wait_replaced(proc.pid, "llama_cpp.server", client(url), "smol-llamacpp", 200)

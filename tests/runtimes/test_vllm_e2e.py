@@ -148,26 +148,32 @@ def servers(pid: int, command: str) -> list[psutil.Process]:
     return out
 
 
+def kill_and_wait_replaced(pid: int, command: str, api: openai.OpenAI, model: str, timeout_s: float
+                           ) -> psutil.Process:
+    """SIGKILLs the one server of pid whose command line holds command, then waits until another one answers a
+    chat completion through the gateway; the killed one."""
+    [old] = servers(pid, command)
+    old.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        new = servers(pid, command)
+        if new and new[0].pid != old.pid:
+            try:
+                r = api.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=2)
+                assert r.usage.completion_tokens >= 1
+                return old
+            except openai.APIStatusError:
+                pass
+        time.sleep(1)
+    pytest.fail(f"the {command} replica was not replaced")
+
+
 def test_a_killed_vllm_replica_is_replaced_and_leaves_no_process_behind(server):
     proc, url, _ = server
     [old] = servers(proc.pid, "vllm")
     engine = old.children(recursive=True)  # its engine core and worker
-    old.send_signal(signal.SIGKILL)
-    api = client(url)
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        new = servers(proc.pid, "vllm")
-        if new and new[0].pid != old.pid:
-            try:
-                r = api.chat.completions.create(model="smol-vllm", messages=[{"role": "user", "content": "Hi"}],
-                                                max_tokens=2)
-                assert r.usage.completion_tokens >= 1
-                break
-            except openai.APIStatusError:
-                pass
-        time.sleep(1)
-    else:
-        pytest.fail("the vLLM replica was not replaced")
+    kill_and_wait_replaced(proc.pid, "vllm", client(url), "smol-vllm", 400)
     _, alive = psutil.wait_procs(engine, timeout=30)
     assert not alive, [p.pid for p in alive]
 
