@@ -34,7 +34,7 @@ serve: install
 	$(BIN)/inferd serve --host $(HOST) --port $(PORT)
 
 test: install-test
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q --durations=20 -n 2 --dist loadfile  # a module (and its server) on one worker
 
 bench-engine: install-test
 	$(BIN)/python benchmarks/engine.py --out benchmarks/results/engine.json

@@ -45,17 +45,22 @@ def redis_server() -> Iterator[str]:
 
 
 def postgres_url() -> str:
-    """An empty PostgreSQL database (every table of an earlier run dropped)."""
+    """An empty PostgreSQL store: a schema of this test process's own (pytest-xdist's worker), dropped and made
+    again, so parallel workers never drop each other's tables."""
     url = os.environ.get("INFERD_TEST_POSTGRES_URL")
     if not url:
         _missing("PostgreSQL (INFERD_TEST_POSTGRES_URL)")
+    schema = f"tests_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     engine = create_engine(url)
     with engine.begin() as conn:
-        for table in ("webhook_deliveries", "webhook_secrets", "async_jobs", "batch_lines", "batches", "files",
-                      "usage_records", "usage_daily", "audit_log", "api_keys", "tenants", "console_users", "alembic_version"):
-            conn.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
+        conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
     engine.dispose()
-    return url
+    return with_search_path(url, schema)
+
+
+def with_search_path(url: str, schema: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
 
 
 @contextmanager
@@ -70,7 +75,7 @@ def postgres_schema() -> Iterator[str]:
     with engine.begin() as conn:
         conn.execute(text(f"CREATE SCHEMA {schema}"))
     try:
-        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+        yield with_search_path(url, schema)
     finally:
         with engine.begin() as conn:
             conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
