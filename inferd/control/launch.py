@@ -41,7 +41,8 @@ def spec_plans(spec: ServiceSpec, log_flags: Sequence[str] = ()) -> list[Deploym
         make = None
         if d.model and d.engine.engine != "inferd":
             from inferd.control.runtimes import RuntimeProcess
-            make = functools.partial(RuntimeProcess, d.model.source, d.name, d.runtime, d.engine)
+            runtime = functools.partial(RuntimeProcess, d.model.source, d.name, d.runtime, d.engine)
+            make = functools.partial(make_replica, d.placement, [], runtime)
         elif d.model:
             args = replica_args(d.model.source, d.name, d.runtime, log_flags, d.kind)
             make = functools.partial(make_replica, d.placement, args)

@@ -1,13 +1,17 @@
 """Where a replica runs: a local process (default) or a Ray actor (placement.backend: ray)."""
+from collections.abc import Callable
+
 from inferd.control.replicas import ReplicaHandle, ReplicaProcess
 from inferd.control.spec import PlacementSpec
 
 
-def make_replica(placement: PlacementSpec | None, args: list[str]) -> ReplicaHandle:
-    """A not yet started replica of `inferd replica ARGS` placed as the spec says."""
+def make_replica(placement: PlacementSpec | None, args: list[str],
+                 runtime: Callable[[], ReplicaHandle] | None = None) -> ReplicaHandle:
+    """A not yet started replica of `inferd replica ARGS`, or of runtime() (a RuntimeProcess: runtime.engine vllm
+    or llama.cpp), placed as the spec says."""
     if placement is None or placement.backend == "local":
-        return ReplicaProcess(args)
+        return runtime() if runtime is not None else ReplicaProcess(args)
     if placement.backend == "ray":  # ray itself is imported only when the replica starts
         from inferd.control.ray_placement import RayReplica
-        return RayReplica(args, placement)
+        return RayReplica(args, placement, runtime() if runtime is not None else None)
     raise ValueError(f"placement backend {placement.backend!r} is not available")

@@ -1,4 +1,5 @@
-"""Ray placement: a replica as a Ray actor that runs `inferd replica` as its child process on its node.
+"""Ray placement: a replica as a Ray actor that runs `inferd replica` (or, for runtime.engine vllm or llama.cpp,
+that runtime's server, as a RuntimeProcess builds it) as its child process on its node.
 
 The actor reserves the deployment's num_cpus/num_gpus on a node of the cluster (placement.ray_address, else
 $RAY_ADDRESS, else a new local cluster). Its child listens on the node's IP with a random key of its own, as a
@@ -25,10 +26,11 @@ log = logging.getLogger(__name__)
 NAMESPACE = "inferd"  # the actors are named inferd-replica-<hex> in it
 _lock = threading.Lock()
 _joined: str | None = None  # the one cluster this process joined
-# runs `python ARGV[2:]` with SIGTERM on its parent's death (set here: preexec_fn is unsafe in Ray's threaded worker)
+# runs ARGV[2:] (a program and its arguments) with SIGTERM on its parent's death (set here: preexec_fn is unsafe
+# in Ray's threaded worker)
 _EXEC_WITH_PDEATHSIG = ("import ctypes, os, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM); "
                         "os.getppid() == int(sys.argv[1]) or sys.exit('parent gone'); "
-                        "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
+                        "os.execv(sys.argv[2], sys.argv[2:])")
 
 
 def _ray() -> Any:
@@ -60,22 +62,32 @@ def connect(address: str | None) -> Any:
 
 
 class ReplicaActor:
-    """In a Ray worker on the chosen node: owns the `inferd replica` child (it gets SIGTERM if the worker dies)."""
+    """In a Ray worker on the chosen node: owns the replica's child (it gets SIGTERM if the worker dies)."""
 
     def __init__(self):
         self.proc: subprocess.Popen | None = None
+        self.runtime: Any = None  # the RuntimeProcess whose server the child is
 
-    def launch(self, args: list[str], port: int | None, api_key: str) -> tuple[str, int, str]:
-        """Starts the child on PORT if it is free here (a restart keeps its URL), else on a free port."""
+    def launch(self, args: list[str], port: int | None, api_key: str, runtime: Any = None) -> tuple[str, int, str]:
+        """Starts the child on PORT if it is free here (a restart keeps its URL), else on a free port: `inferd
+        replica ARGS`, or runtime's server (its command built here, on this node)."""
         import ray
         host = ray.util.get_node_ip_address()
         port = port if port and _bindable(host, port) else free_port(host)
-        root = str(Path(inferd.__file__).parents[1])  # where this worker imported inferd from
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        env = os.environ | {"INFERD_API_KEY": api_key, "PYTHONPATH": path}
-        cmd = [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, str(os.getpid()),
-               "-m", "inferd.cli", "replica", *args, "--host", host, "--port", str(port)]
-        self.proc = subprocess.Popen(cmd, env=env)
+        wrap = [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, str(os.getpid())]
+        if runtime is not None:
+            runtime.host, runtime.port, runtime.api_key = host, port, api_key
+            cmd, env = runtime.command()
+            # its own session: its engine core and workers are stopped with it (RuntimeProcess.stop)
+            self.proc = runtime.proc = subprocess.Popen(wrap + cmd, env=env, stdout=runtime.stdout,
+                                                        start_new_session=True)
+            self.runtime = runtime
+        else:
+            root = str(Path(inferd.__file__).parents[1])  # where this worker imported inferd from
+            path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+            env = os.environ | {"INFERD_API_KEY": api_key, "PYTHONPATH": path}
+            cmd = [sys.executable, "-m", "inferd.cli", "replica", *args, "--host", host, "--port", str(port)]
+            self.proc = subprocess.Popen(wrap + cmd, env=env)
         return host, port, ray.get_runtime_context().get_node_id()
 
     def returncode(self) -> int | None:
@@ -85,7 +97,10 @@ class ReplicaActor:
         return self.proc.pid
 
     def stop(self, timeout_s: float) -> None:
-        terminate(self.proc, timeout_s)
+        if self.runtime is not None:
+            self.runtime.stop(timeout_s)  # and what is left of its process group, and its config folder
+        else:
+            terminate(self.proc, timeout_s)
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -99,10 +114,11 @@ def _bindable(host: str, port: int) -> bool:
 
 @dataclass(slots=True, eq=False)
 class RayReplica:
-    """One `inferd replica` in a Ray actor, reachable only with its own random key; its url is known once start()
-    returns (the node and port the actor got)."""
+    """One `inferd replica` (or runtime's server) in a Ray actor, reachable only with its own random key; its url
+    is known once start() returns (the node and port the actor got)."""
     args: list[str]  # model and engine flags for `inferd replica`
     placement: PlacementSpec
+    runtime: Any = None  # a RuntimeProcess (runtime.engine vllm or llama.cpp) to run there instead
     schedule_timeout_s: float = 120.0  # for the cluster to find the resources; then start() fails saying which
     url: str = ""
     api_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # passed in the launch call, not stored
@@ -110,6 +126,8 @@ class RayReplica:
     name: str = ""
     node_id: str | None = None  # a restart asks for the same node and port, so the URL stays the gateway's
     port: int | None = None
+    loaded_unix_s: float | None = None  # a runtime's server: when it answered, and its first completion
+    warm_unix_s: float | None = None
 
     def start(self) -> None:
         ray = connect(self.placement.ray_address)
@@ -126,7 +144,7 @@ class RayReplica:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(self.node_id, soft=True)
         self.actor = ray.remote(ReplicaActor).options(**options).remote()
         try:
-            launched = self.actor.launch.remote(self.args, self.port, self.api_key)
+            launched = self.actor.launch.remote(self.args, self.port, self.api_key, self.runtime)
             host, port, self.node_id = ray.get(launched, timeout=self.schedule_timeout_s)
         except ray.exceptions.GetTimeoutError:
             self._kill(ray)
@@ -137,10 +155,22 @@ class RayReplica:
             raise RuntimeError(f"the Ray actor of a replica failed to start: {exc}") from None
         self.port = port
         self.url = f"http://{host}:{port}"
+        if self.runtime is not None:  # the driver's copy: where its server listens, for wait_ready
+            self.runtime.host, self.runtime.port, self.runtime.api_key = host, port, self.api_key
         log.info("started replica in Ray actor %s on node %s, %s", self.name, self.node_id[:12], self.url)
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:
-        wait_until_ready(self.url, self.alive, lambda: f"(Ray actor {self.name}) exited", timeout_s)
+        def how_it_ended() -> str:
+            return f"(Ray actor {self.name}) exited"
+        if self.runtime is None:
+            wait_until_ready(self.url, self.alive, how_it_ended, timeout_s)
+            return
+        from inferd.control.runtimes import wait_runtime_ready
+        self.loaded_unix_s, self.warm_unix_s = wait_runtime_ready(self.runtime, self.alive, how_it_ended, timeout_s)
+
+    def cold_start(self) -> dict:
+        """A runtime's server: when its weights were in and its first completion came back (as RuntimeProcess)."""
+        return {} if self.runtime is None else {"loaded_unix_s": self.loaded_unix_s, "warm_unix_s": self.warm_unix_s}
 
     def alive(self) -> bool:
         ray, actor = _ray(), self.actor

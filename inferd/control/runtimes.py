@@ -24,6 +24,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,19 +150,26 @@ class RuntimeProcess:
         return self.choice.engine
 
     def start(self) -> None:
+        cmd, env = self.command()
+        self.started_unix_s = time.time()
+        # its own process group: its engine core and workers are stopped with it, even after it was killed
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.stdout, preexec_fn=_die_with_parent,
+                                     start_new_session=True)
+        log.info("started %s replica pid %d on %s", self.engine, self.proc.pid, self.url)
+
+    def command(self) -> tuple[list[str], dict]:
+        """The server's command line and environment for this host, port and key (also run in a Ray actor)."""
         python = runtime_python(self.choice)
         if python is None:
             rt = RUNTIMES[self.engine]
             raise RuntimeError(f"no Python with {self.engine} found: name one in the spec's runtime.python, set "
                                f"${rt.python_env}, or create one with {rt.install}")
-        self.started_unix_s = time.time()
-        cmd, env = self._vllm(python) if self.engine == "vllm" else self._llamacpp(python)
-        # llama.cpp's server writes an access line per request to stdout (its errors go to stderr)
-        stdout = subprocess.DEVNULL if self.engine == "llama.cpp" else None
-        # its own process group: its engine core and workers are stopped with it, even after it was killed
-        self.proc = subprocess.Popen(cmd, env=env, stdout=stdout, preexec_fn=_die_with_parent,
-                                     start_new_session=True)
-        log.info("started %s replica pid %d on %s", self.engine, self.proc.pid, self.url)
+        return self._vllm(python) if self.engine == "vllm" else self._llamacpp(python)
+
+    @property
+    def stdout(self) -> int | None:
+        """llama.cpp's server writes an access line per request to stdout (its errors go to stderr)."""
+        return subprocess.DEVNULL if self.engine == "llama.cpp" else None
 
     def _vllm(self, python: str) -> tuple[list[str], dict]:
         from inferd.models.export import exported_dir
@@ -185,26 +193,8 @@ class RuntimeProcess:
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:
         """Until the server answers and a one-token completion comes back; raises if the process ends first."""
-        deadline, auth = time.monotonic() + timeout_s, {"authorization": f"Bearer {self.api_key}"}
-        with httpx.Client(timeout=30.0) as client:
-            while time.monotonic() < deadline:
-                if not self.alive():
-                    raise RuntimeError(f"{self.engine} replica on {self.url} exited with {self.proc.returncode} "
-                                       "before it was ready")
-                try:
-                    if self.loaded_unix_s is None and client.get(
-                            self.url + RUNTIMES[self.engine].ready_path, headers=auth).status_code == 200:
-                        self.loaded_unix_s = time.time()
-                    if self.loaded_unix_s is not None:
-                        r = client.post(f"{self.url}/v1/completions", headers=auth,
-                                        json={"model": self.name, "prompt": "Hi", "max_tokens": 1})
-                        if r.status_code == 200:
-                            self.warm_unix_s = time.time()
-                            return
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.5)
-        raise RuntimeError(f"{self.engine} replica on {self.url} not ready after {timeout_s:.0f} s")
+        self.loaded_unix_s, self.warm_unix_s = wait_runtime_ready(
+            self, self.alive, lambda: f"exited with {self.proc.returncode}", timeout_s)
 
     def cold_start(self) -> dict:
         """When its weights were in and when its first completion came back, as inferd's /ready reports them."""
@@ -224,3 +214,27 @@ class RuntimeProcess:
                 pass
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def wait_runtime_ready(r: "RuntimeProcess", alive: Callable[[], bool], how_it_ended: Callable[[], str],
+                       timeout_s: float) -> tuple[float, float]:
+    """Until r's server answers its ready path and a one-token completion comes back: (when it answered, when
+    the completion came back); raises if alive() turns False first. r's url, key and name are the server's."""
+    deadline, auth, loaded = time.monotonic() + timeout_s, {"authorization": f"Bearer {r.api_key}"}, None
+    with httpx.Client(timeout=30.0) as client:
+        while time.monotonic() < deadline:
+            if not alive():
+                raise RuntimeError(f"{r.engine} replica on {r.url} {how_it_ended()} before it was ready")
+            try:
+                if loaded is None and client.get(r.url + RUNTIMES[r.engine].ready_path,
+                                                 headers=auth).status_code == 200:
+                    loaded = time.time()
+                if loaded is not None:
+                    done = client.post(f"{r.url}/v1/completions", headers=auth,
+                                       json={"model": r.name, "prompt": "Hi", "max_tokens": 1})
+                    if done.status_code == 200:
+                        return loaded, time.time()
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+    raise RuntimeError(f"{r.engine} replica on {r.url} not ready after {timeout_s:.0f} s")

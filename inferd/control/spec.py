@@ -397,8 +397,6 @@ def _check_engine(d: DeploymentSpec, where: str) -> None:
     from inferd.control.runtimes import RUNTIMES, runtime_python, unsupported_settings
     if d.kind != "text":
         raise SpecError(f"{where}.engine: {e.engine} serves text deployments only, not {d.kind}")
-    if d.placement.backend != "local":
-        raise SpecError(f"{where}.engine: {e.engine} replicas are placed locally only (placement.backend: local)")
     for name in unsupported_settings(e.engine, d.runtime):
         raise SpecError(f"{where}.{name}: {e.engine} cannot honour this setting; leave it at its default")
     if e.engine == "llama.cpp" and d.model and source_path(d.kind, d.model.source).suffix != ".gguf":

