@@ -10,7 +10,8 @@ weights, all cores, one request at a time: the gateway queues the others).
 in closed loop at each concurrency, the runtimes taking turns (A B A B ...) so that a noisy machine weighs on
 both alike; medians over --repeats. Then the same against each runtime called directly (an `inferd replica`,
 a vLLM server started with the same flags) for the gateway's added time to first token.
-With --sweep, `inferd bench sweep` finds each one's capacity at the README's SLO through the gateway.
+With --sweep, `inferd bench sweep` finds each one's capacity at the README's SLO through the gateway (--sweep-rates,
+--sweep-only smol-vllm to bracket one whose SLO held at every rate).
 
     PYTHONPATH=. .venv/bin/python benchmarks/runtimes.py --out benchmarks/results/runtimes.json
 --llamacpp-python none leaves llama.cpp out.
@@ -49,11 +50,11 @@ LLAMACPP_SPEC = """  - name: smol-llamacpp
 """
 
 
-def bench(base_url: str, key: str, model: str, concurrency: int, requests: int, out: Path, sweep: bool = False,
+def bench(base_url: str, key: str, model: str, concurrency: int, requests: int, out: Path, sweep: str = "",
           seed: int = 0) -> dict:
     """One `inferd bench` report; a run whose client lagged (exit 3: the machine was too busy to measure) is
     kept, flagged client_lagged."""
-    mode = ["sweep", "--rates", "0.25,0.5,0.75,1,1.5,2"] if sweep else \
+    mode = ["sweep", "--rates", sweep] if sweep else \
         ["run", "--arrival", "closed", "--concurrency", str(concurrency)]
     cmd = [sys.executable, "-m", "inferd.cli", "bench", *mode, "--base-url", base_url, "--api-key", key,
            "--model", model, "--tokenizer", str(default_model()), "--input-tokens", "256", "--output-tokens", "64",
@@ -113,8 +114,8 @@ def through_gateway(args, work: Path, python: str) -> tuple[dict, dict]:
             print(f"gateway, concurrency {c}: {json.dumps(out[str(c)])}", flush=True)
         sweeps = {}
         if args.sweep:
-            for model in models(args):
-                report = bench(url, KEY, model, 1, 24, work / f"{model}-sweep", sweep=True)
+            for model in args.sweep_only or models(args):
+                report = bench(url, KEY, model, 1, 24, work / f"{model}-sweep", sweep=args.sweep_rates)
                 sweeps[model] = report["capacity"]
                 print(f"sweep {model}: {report['capacity']['verdict']}", flush=True)
         return out, sweeps
@@ -156,6 +157,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=8, help="per run at concurrency <= 4; scaled up above")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep-rates", default="0.25,0.5,0.75,1,1.5,2", help="the rates (req/s) inferd bench sweep tries")
+    p.add_argument("--sweep-only", type=lambda s: s.split(","), default=None, help="sweep these models only")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/runtimes.json")
     args = p.parse_args()
     if not Path(args.vllm_python).is_file():
