@@ -60,16 +60,7 @@ async def post_json(host: str, port: int, path: str, body: dict, headers: dict) 
     finally:
         writer.close()
     status_line, _, rest = response.partition(b"\r\n")
-    fields, _, data = rest.partition(b"\r\n\r\n")
-    if b"transfer-encoding: chunked" in fields.lower():
-        chunks = []
-        while data:
-            size, _, data = data.partition(b"\r\n")
-            n = int(size, 16)
-            chunks.append(data[:n])
-            data = data[n + 2:]
-        data = b"".join(chunks)
-    return int(status_line.split()[1]), json.loads(data)
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])  # JSON with a content-length
 
 
 async def run_rate(url: str, rate: float, seconds: float, slo_s: float, client: str = "raw") -> dict:
