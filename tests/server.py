@@ -1,10 +1,13 @@
 """Start a real `inferd serve` on a free loopback port for end-to-end tests."""
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
 from inferd.control.replicas import free_port, wait_until_ready  # noqa: F401 (free_port: for the tests)
@@ -81,3 +84,16 @@ def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: floa
                          timeout_s)
     except RuntimeError as exc:
         pytest.fail(f"{exc}:\n{log_path.read_text()[-4000:]}")
+
+
+def wait_stored(url: str, timeout_s: float = 30.0) -> None:
+    """Until the server's usage writer has stored every record it journaled (its pending gauge reads 0): a record
+    is journaled as its request ends and stored in batches (every 0.5 s, later on a busy machine)."""
+    time.sleep(0.3)  # the answer's last byte can reach the client just before its record is journaled
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if re.search(r"^inferd_gateway_usage_records_pending 0(\.0)?$", httpx.get(f"{url}/metrics", timeout=10).text,
+                     re.M):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"usage records still pending after {timeout_s:.0f} s")

@@ -1,7 +1,6 @@
 """The demo iris-classifier through a real `inferd serve` (the shared server: it trains the model on its first
 start): predictions equal scikit-learn's on the same rows, /v1 and /v2 (tritonclient) through the gateway,
 keys, access lists, a tiny RPM and a usage record per request."""
-import time
 
 import httpx
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.conftest import SMOLLM2_KEY
-from tests.server import db_url, new_tenant_key
+from tests.server import db_url, new_tenant_key, wait_stored
 
 MODEL = "iris-classifier"
 FEATURES = ["sepal_length_cm", "sepal_width_cm", "petal_length_cm", "petal_width_cm"]
@@ -100,7 +99,7 @@ def test_access_lists_rate_limits_and_usage_records(server):
     limited = post(url, "/v1/predict", rows, tiny)
     assert limited.status_code == 429 and limited.headers["retry-after"]
     assert limited.json()["error"]["code"] == "requests_per_minute"
-    time.sleep(1.0)  # the usage writer's flush interval
+    wait_stored(url)
     engine = create_engine(db_url(log_path))
     with engine.connect() as conn:
         records = conn.execute(text(

@@ -1,6 +1,5 @@
 """/v1/embeddings through a real `inferd serve` (the shared server: SmolLM2 and all-MiniLM-L6-v2), called with
 the official openai client: the contract, the gateway's limits and usage records."""
-import time
 
 import numpy as np
 import openai
@@ -9,7 +8,7 @@ from sqlalchemy import create_engine, text
 
 from tests.conftest import SMOLLM2_KEY
 from tests.minilm import TEXTS, sentence_transformer
-from tests.server import db_url, new_tenant_key
+from tests.server import db_url, new_tenant_key, wait_stored
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -91,7 +90,7 @@ def test_access_lists_rate_limits_and_usage_records(server):
         for _ in range(5):
             client(url, tiny).embeddings.create(model=MODEL, input="hello there, how are you today?")
     assert e.value.response.headers["retry-after"]
-    time.sleep(1.0)  # the usage writer's flush interval
+    wait_stored(url)
     engine = create_engine(db_url(log_path))
     with engine.connect() as conn:
         rows = conn.execute(text(

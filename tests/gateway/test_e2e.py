@@ -12,7 +12,7 @@ import openai
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.server import ROOT, db_url, inferd, new_tenant_key, running_server
+from tests.server import ROOT, db_url, inferd, new_tenant_key, running_server, wait_stored
 
 API_KEY = "sk-gateway-e2e-key"
 ADMIN_KEY = "admin-e2e-secret"
@@ -47,7 +47,7 @@ def chat(url: str, key: str, content: str = "Say hi", max_tokens: int = 4, heade
 
 
 def records(server, tenant_name: str) -> list[dict]:
-    time.sleep(1.0)  # the usage writer flushes every 0.5 s
+    wait_stored(server[0])
     engine = create_engine(db_url(server[1]))
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT u.* FROM usage_records u JOIN tenants t ON t.id = u.tenant_id "
@@ -252,7 +252,7 @@ def test_records_hold_the_tpot_of_unary_and_streamed_answers(server, url):
                                             max_tokens=6, stream=True, extra_body={"ignore_eos": True},
                                             extra_headers={"x-request-id": ids[1]}):
         pass
-    time.sleep(1.0)  # the usage writer flushes every 0.5 s
+    wait_stored(url)
     engine = create_engine(db_url(server[1]))
     with engine.connect() as conn:
         rows = [dict(r) for r in conn.execute(text("SELECT * FROM usage_records WHERE request_id IN (:a, :b) "
