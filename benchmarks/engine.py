@@ -121,13 +121,15 @@ def profile_step(engine: LLMEngine, batch: int) -> str:
 
 def inferd_engine(model, spec: str, batches: list[int]) -> tuple[str, LLMEngine]:
     """The engine of format dtype:quantization and its label (what it resolved to)."""
-    dtype, _, quantization = spec.partition(":")
+    dtype, quantization, ops = (spec.split(":") + ["", ""])[:3]
     engine = LLMEngine(model, EngineConfig(dtype=dtype, quantization=quantization or "none",
                                            max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * PROMPT_LEN,
-                                           kv_cache_gib=1.0, enable_prefix_caching=False))  # repeats must miss
+                                           kv_cache_gib=1.0, enable_prefix_caching=False,  # repeats must miss
+                                           cpp_kernels=ops != "torch"))
     label = str(engine.dtype).removeprefix("torch.")
     label += "" if engine.quantization == "none" else f" {engine.quantization}"
-    return label + (" (auto)" if quantization == "auto" else ""), engine
+    label += " (auto)" if quantization == "auto" else ""
+    return label + (" torch ops" if ops == "torch" else ""), engine
 
 
 def interleaved(targets: dict, what: str, fn, repeats: dict[str, int]) -> dict[str, dict]:
@@ -149,7 +151,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--formats", default="auto:none",
-                    help="inferd formats to run, comma-separated dtype:quantization (e.g. bfloat16:none,auto:int4)")
+                    help="inferd formats to run, comma-separated dtype:quantization[:torch] (e.g. bfloat16:none,"
+                         "auto:int4); :torch runs the decoder's small ops in torch instead of the C++ kernels")
     ap.add_argument("--peer-dtypes", default="float32:3,bfloat16:1",
                     help="transformers dtypes to run, each with its number of repeats; empty: inferd only")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")

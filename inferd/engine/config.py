@@ -23,8 +23,8 @@ class EngineConfig:
     quantization: str = setting("none", "int8: weight-only int8 linears, per output channel, float32 "
                                 "activations; int4: 4-bit Q4_1 groups of 32 (a Q4_1 GGUF's own weights), "
                                 "linear inputs rounded to bfloat16; auto: the fastest of these on this CPU", QUANTIZATIONS)
-    paged_attention_kernel: bool = setting(True, "float32 decode attention in C++, built on first use "
-                                           "(else the torch path)")
+    cpp_kernels: bool = setting(True, "the decoder's norms, RoPE, cache writes, decode attention and silu in C++ "
+                                "(float32 and bfloat16), built on first use; else torch ops")
     num_threads: int | None = setting(None, "torch threads for the engine (default: all cores)")
     num_speculative_tokens: int = setting(0, "drafts verified per decode step (0: off); drafted by prompt "
                                           "lookup unless speculative_model is set")

@@ -19,7 +19,7 @@ from inferd.models.cpu import auto_quantization, has_native_bf16, int4_max_rows
 from inferd.models.int4 import int4_available, quantize_int4_linears
 from inferd.models.llama import LlamaForCausalLM, StepInterrupted
 from inferd.models.packed import pack_linears
-from inferd.models.paged_attention import load_kernel
+from inferd.models.cpu_kernels import kernels_for
 from inferd.models.quant import load_int8_kernel, quantize_linears
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,7 @@ class LLMEngine:
             quantize_linears(net, load_int8_kernel())
         if self.config.pack_weights:
             pack_linears(net, self.dtype)
-        if self.config.paged_attention_kernel and self.dtype == torch.float32:
-            net.use_decode_kernel(load_kernel())
+        net.use_kernels(kernels_for(self.dtype, self.config.cpp_kernels))
         return net
 
     def _draft_model(self, draft: LoadedModel | None) -> DraftModel:

@@ -15,6 +15,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from inferd.models.config import ModelConfig
+from inferd.models.cpu_kernels import TorchKernels, gather_blocks
 
 
 class StepInterrupted(Exception):
@@ -71,23 +72,14 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE as one complex multiply. q/k weights are loaded with each head's two halves
-    interleaved (see `interleave_halves`), so pairs (x_i, x_{i+d/2}) sit side by side;
-    the same permutation of q and k leaves q.k unchanged."""
+    """RoPE tables: cos and sin of each position's angles, float32 [max_positions, hd/2]. q/k weights are
+    loaded with each head's two halves interleaved (see `interleave_halves`), so pairs (x_i, x_{i+d/2}) sit
+    side by side and rotate as one complex multiply; the same permutation of q and k leaves q.k unchanged."""
 
     def __init__(self, config: ModelConfig, max_positions: int):
         super().__init__()
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(config))
-        self.cis = torch.polar(torch.ones_like(freqs), freqs)  # not a buffer: module.to(dtype) must not cast it
-
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        return self.cis[positions].unsqueeze(1)  # [T, 1, hd/2] complex
-
-
-def apply_rope(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, hd] in interleaved layout."""
-    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(pairs * cis).flatten(-2).to(x.dtype)
+        self.cos, self.sin = freqs.cos(), freqs.sin()  # not buffers: module.to(dtype) must not cast them
 
 
 def interleave_halves(w: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -100,16 +92,23 @@ def interleave_halves(w: torch.Tensor, head_dim: int) -> torch.Tensor:
 # ---- layers
 
 class RMSNorm(nn.Module):
+    kernels = TorchKernels  # the ops of inferd.models.cpu_kernels this layer runs on (LlamaForCausalLM.use_kernels)
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The norm of x, or with residual: residual += x in place, then the norm of residual."""
+        if residual is None:
+            return self.kernels.rms_norm(x, self.weight, self.eps)
+        return self.kernels.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
+    kernels = TorchKernels
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
@@ -117,48 +116,32 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = self.head_dim ** -0.5
-        self.decode_kernel = None  # inferd.models.paged_attention kernel, when fp32 and built
 
     def forward(self, x, rope, meta: AttentionMetadata, k_cache, v_cache):
-        qkv = self.qkv_proj(x)
-        qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads,
-                                                                 self.head_dim), rope)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.q_size + self.kv_size:]
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v.view(-1, self.num_kv_heads, self.head_dim))
-        out = torch.empty_like(q)
+        """rope: (cos, sin, positions)."""
+        q = self.kernels.rope_cache(self.qkv_proj(x), *rope, k_cache, v_cache, meta.slot_mapping,
+                                    self.num_heads, self.num_kv_heads)  # [T, H, hd]; K/V now in the cache
         d = meta.num_decode_tokens
-        if d:
-            out[:d] = self._decode(q[:d], meta, k_cache, v_cache)
-        for chunk in meta.prefills:
-            rows = slice(chunk.start, chunk.start + chunk.num_tokens)
-            out[rows] = self._prefill(q[rows], chunk, meta.block_size, k_cache, v_cache)
+        if d and not meta.prefills:
+            out = self._decode(q, meta, k_cache, v_cache)
+        else:
+            out = torch.empty_like(q)
+            if d:
+                out[:d] = self._decode(q[:d], meta, k_cache, v_cache)
+            for chunk in meta.prefills:
+                rows = slice(chunk.start, chunk.start + chunk.num_tokens)
+                out[rows] = self._prefill(q[rows], chunk, meta.block_size, k_cache, v_cache)
         return self.o_proj(out.view(-1, self.q_size))
 
-    def _gather(self, cache, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
-        """[..., nb] block ids -> [..., nb * block_size, KVH, hd], copied a whole block at a time."""
-        paged = cache.view(-1, block_size, self.num_kv_heads, self.head_dim)
-        return paged.index_select(0, blocks.flatten()).view(*blocks.shape[:-1], -1, self.num_kv_heads, self.head_dim)
-
     def _decode(self, q, meta: AttentionMetadata, k_cache, v_cache):
-        if self.decode_kernel is not None:
-            with record_function("inferd::paged_decode_attention"):
-                return self.decode_kernel.paged_decode(q.contiguous(), k_cache, v_cache, meta.decode_blocks,
-                                                       meta.decode_lens, meta.block_size, self.scale)
-        d = meta.decode_blocks.shape[0]
-        group = self.num_heads // self.num_kv_heads
-        keys = self._gather(k_cache, meta.decode_blocks, meta.block_size).transpose(1, 2)  # [D, KVH, S, hd]
-        values = self._gather(v_cache, meta.decode_blocks, meta.block_size).transpose(1, 2)
-        q = q.view(d, self.num_kv_heads, group, self.head_dim)
-        visible = torch.arange(keys.shape[2]) < meta.decode_lens.unsqueeze(1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None, None, :], scale=self.scale)
-        return out.reshape(d, self.num_heads, self.head_dim)
+        with record_function("inferd::paged_decode_attention"):
+            return self.kernels.paged_decode(q, k_cache, v_cache, meta.decode_blocks, meta.decode_lens,
+                                             meta.block_size, self.scale)
 
     def _prefill(self, q, chunk: PrefillChunk, block_size: int, k_cache, v_cache):
         n, ctx = q.shape[0], chunk.context_len
-        keys = self._gather(k_cache, chunk.context_blocks, block_size)[:ctx].transpose(0, 1).unsqueeze(0)
-        values = self._gather(v_cache, chunk.context_blocks, block_size)[:ctx].transpose(0, 1).unsqueeze(0)
+        keys = gather_blocks(k_cache, chunk.context_blocks, block_size)[:ctx].transpose(0, 1).unsqueeze(0)
+        values = gather_blocks(v_cache, chunk.context_blocks, block_size)[:ctx].transpose(0, 1).unsqueeze(0)
         q = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
         if n == ctx:
             out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scale, enable_gqa=True)
@@ -169,14 +152,15 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    kernels = TorchKernels
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.kernels.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -187,9 +171,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, h, rope, meta, k_cache, v_cache):
-        h = h + self.self_attn(self.input_layernorm(h), rope, meta, k_cache, v_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h, residual, rope, meta, k_cache, v_cache):
+        """Returns (this layer's MLP output, the residual stream before it): the sum is the layer's output,
+        added by the next norm (add_rms_norm) instead of on its own."""
+        if residual is None:
+            residual, x = h, self.input_layernorm(h)
+        else:
+            x = self.input_layernorm(h, residual)
+        x = self.post_attention_layernorm(self.self_attn(x, rope, meta, k_cache, v_cache), residual)
+        return self.mlp(x), residual
 
 
 # ---- model
@@ -206,9 +196,11 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config, max_positions)
 
-    def use_decode_kernel(self, kernel) -> None:
-        for layer in self.layers:
-            layer.self_attn.decode_kernel = kernel
+    def use_kernels(self, kernels) -> None:
+        """Runs norms, RoPE, cache writes, decode attention and silu on `kernels` (inferd.models.cpu_kernels)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.kernels = kernels
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: torch.Tensor,
@@ -216,13 +208,13 @@ class LlamaForCausalLM(nn.Module):
         """kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns fp32 logits of the rows asked for.
         stop: asked before each layer; when it says True the forward ends with StepInterrupted (the K/V it
         wrote are for positions not yet counted as computed: a later forward writes them again)."""
-        h = self.embed_tokens(input_ids)
-        rope = self.rope(positions)
+        h, residual = self.embed_tokens(input_ids), None
+        rope = (self.rope.cos, self.rope.sin, positions)
         for i, layer in enumerate(self.layers):
             if stop is not None and stop():
                 raise StepInterrupted(f"stopped before layer {i}")
-            h = layer(h, rope, meta, kv_cache[i, 0], kv_cache[i, 1])
-        h = self.norm(h[logits_indices])
+            h, residual = layer(h, residual, rope, meta, kv_cache[i, 0], kv_cache[i, 1])
+        h = self.norm(h[logits_indices], residual[logits_indices])
         return self.lm_head(h).float()
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,319 @@
+"""The decoder's small ops, in C++ for float32 and bfloat16 (built on first use), or in plain torch.
+
+A decode step of a small model is mostly small ops: at one sequence, SmolLM2's step ran ~1,350 torch
+calls (norms decomposed into casts, pow, mean and rsqrt; RoPE through complex views; two index_copy_ for
+the cache; the gather, mask and SDPA of decode attention), and their dispatch cost as much as the
+weight reads. Here each of these is one call:
+
+- `rms_norm(x, w, eps)`, and `add_rms_norm(x, residual, w, eps)`: residual += x (in place), then its norm;
+- `rope_cache(qkv, cos, sin, positions, k_cache, v_cache, slots, heads, kv_heads)`: RoPE on q and k
+  (pairs side by side, see inferd.models.llama.interleave_halves), k and v written to their cache slots,
+  the rotated q returned as [T, heads, head_dim];
+- `silu_mul(gate_up)`: silu(gate) * up of the fused [T, 2I] projection;
+- `paged_decode(q, k_cache, v_cache, block_tables, context_lens, block_size, scale)`: decode attention
+  read straight from the cache blocks, one (sequence, KV head) per task, all query heads of its group
+  together, K and V read once (the torch path gathers a padded copy of every context, then runs SDPA).
+
+Every op computes in float32 and rounds once to the tensor's dtype. `TorchKernels` is the same ops in
+torch: the reference the C++ ones are tested against (tests/engine/test_cpu_kernels.py), and the path
+where they cannot be built (no compiler, INFERD_NO_CPP_KERNELS set, or a dtype they do not take).
+Built with torch's cpp_extension for this machine's CPU (-march=native: AVX2, AVX-512 or AVX-512 BF16,
+whatever it has; -ffast-math at compile time only, so that exp vectorizes, without the flush-to-zero
+start-up code a fast-math link would add to the process) and cached per CPU.
+"""
+import functools
+import hashlib
+import logging
+import os
+import platform
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+using bf16 = uint16_t;  // bfloat16 as its bits
+
+static inline float ld(float x) { return x; }
+static inline float ld(bf16 x) { return __builtin_bit_cast(float, uint32_t(x) << 16); }
+template <typename T> static inline T to(float x);
+template <> inline float to<float>(float x) { return x; }
+template <> inline bf16 to<bf16>(float x) {  // round to nearest even, as torch rounds
+  const uint32_t u = __builtin_bit_cast(uint32_t, x);
+  return bf16((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <typename T> static T* ptr(const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
+
+// f(T{}) with T the element type of t: float or bf16
+template <typename F> static void by_dtype(const torch::Tensor& t, F&& f) {
+  if (t.scalar_type() == torch::kFloat32) f(float{});
+  else if (t.scalar_type() == torch::kBFloat16) f(bf16{});
+  else TORCH_CHECK(false, "float32 or bfloat16 only, got ", t.scalar_type());
+}
+
+static void check(const torch::Tensor& t, const torch::Tensor& like, const char* name) {
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " must have the dtype of the input");
+}
+
+template <typename T> static void norm_row(const T* x, const T* w, T* out, int64_t n, float eps) {
+  float ss = 0.f;
+  #pragma omp simd reduction(+:ss)
+  for (int64_t i = 0; i < n; ++i) { const float v = ld(x[i]); ss += v * v; }
+  const float r = 1.f / std::sqrt(ss / n + eps);
+  #pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = to<T>(ld(x[i]) * r * ld(w[i]));
+}
+
+// x: [T, n], w: [n]
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  check(x, x, "x"); check(w, x, "weight");
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto out = torch::empty_like(x);
+  by_dtype(x, [&](auto z) {
+    using T = decltype(z);
+    const T *xp = ptr<T>(x), *wp = ptr<T>(w); T* op = ptr<T>(out);
+    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) norm_row(xp + r * n, wp, op + r * n, n, (float)eps);
+    });
+  });
+  return out;
+}
+
+// residual += x, rounded to the dtype as a torch add would; returns rms_norm(residual)
+torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps) {
+  check(x, x, "x"); check(residual, x, "residual"); check(w, x, "weight");
+  TORCH_CHECK(residual.sizes() == x.sizes(), "residual must have the shape of x");
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto out = torch::empty_like(x);
+  by_dtype(x, [&](auto z) {
+    using T = decltype(z);
+    const T *xp = ptr<T>(x), *wp = ptr<T>(w); T *rp = ptr<T>(residual), *op = ptr<T>(out);
+    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        T* res = rp + r * n; const T* xr = xp + r * n;
+        #pragma omp simd
+        for (int64_t i = 0; i < n; ++i) res[i] = to<T>(ld(res[i]) + ld(xr[i]));
+        norm_row(res, wp, op + r * n, n, (float)eps);
+      }
+    });
+  });
+  return out;
+}
+
+// gate_up: [T, 2I] -> silu(gate) * up: [T, I]
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  check(gate_up, gate_up, "gate_up");
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  auto out = torch::empty({rows, n}, gate_up.options());
+  by_dtype(gate_up, [&](auto z) {
+    using T = decltype(z);
+    const T* gp = ptr<T>(gate_up); T* op = ptr<T>(out);
+    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T *g = gp + r * 2 * n, *u = g + n; T* o = op + r * n;
+        #pragma omp simd
+        for (int64_t i = 0; i < n; ++i) { const float x = ld(g[i]); o[i] = to<T>(x / (1.f + std::exp(-x)) * ld(u[i])); }
+      }
+    });
+  });
+  return out;
+}
+
+// qkv: [T, (H + 2 KVH) hd]; cos, sin: [positions, hd/2] float32; positions, slots: [T] int64;
+// k_cache, v_cache: [slots, KVH, hd]. Rotates each pair (2i, 2i+1) of q and k by its angle i, writes k and v
+// to their slots and returns q: [T, H, hd].
+torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor positions,
+                         torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots, int64_t H, int64_t KVH) {
+  check(qkv, qkv, "qkv"); check(k_cache, qkv, "k_cache"); check(v_cache, qkv, "v_cache");
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() && sin.is_contiguous(), "float32 cos, sin");
+  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && slots.scalar_type() == torch::kInt64, "int64 positions, slots");
+  const int64_t rows = qkv.size(0), hd = k_cache.size(2), half = hd / 2, width = qkv.size(1);
+  TORCH_CHECK(width == (H + 2 * KVH) * hd && k_cache.size(1) == KVH, "qkv's width must be (heads + 2 kv_heads) head_dim");
+  TORCH_CHECK(positions.numel() == rows && slots.numel() == rows, "one position and slot per row");
+  const int64_t num_slots = k_cache.size(0), num_positions = cos.size(0);
+  auto q = torch::empty({rows, H, hd}, qkv.options());
+  const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  const int64_t *pos = positions.data_ptr<int64_t>(), *slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < rows; ++t)
+    TORCH_CHECK(0 <= pos[t] && pos[t] < num_positions && 0 <= slot[t] && slot[t] < num_slots, "position or slot out of range");
+  by_dtype(qkv, [&](auto z) {
+    using T = decltype(z);
+    const T* src = ptr<T>(qkv); T *qp = ptr<T>(q), *kp = ptr<T>(k_cache), *vp = ptr<T>(v_cache);
+    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const T* row = src + t * width;
+        const float *c = cp + pos[t] * half, *s = sp + pos[t] * half;
+        for (int64_t head = 0; head < H + KVH; ++head) {
+          const T* x = row + head * hd;
+          T* y = head < H ? qp + (t * H + head) * hd : kp + (slot[t] * KVH + head - H) * hd;
+          #pragma omp simd
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = ld(x[2 * i]), bb = ld(x[2 * i + 1]);
+            y[2 * i] = to<T>(a * c[i] - bb * s[i]);
+            y[2 * i + 1] = to<T>(a * s[i] + bb * c[i]);
+          }
+        }
+        const T* v = row + (H + KVH) * hd; T* vo = vp + slot[t] * KVH * hd;
+        for (int64_t i = 0; i < KVH * hd; ++i) vo[i] = v[i];
+      }
+    });
+  });
+  return q;
+}
+
+// q: [D, H, hd]; k_cache, v_cache: [slots, KVH, hd]; block_tables: [D, nb] int64; context_lens: [D] int64
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                           torch::Tensor block_tables, torch::Tensor context_lens,
+                           int64_t block_size, double scale) {
+  check(q, q, "q"); check(k_cache, q, "k_cache"); check(v_cache, q, "v_cache");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && context_lens.scalar_type() == torch::kInt64
+              && block_tables.is_contiguous() && context_lens.is_contiguous(), "int64 block tables and lengths");
+  const int64_t D = q.size(0), H = q.size(1), hd = q.size(2), KVH = k_cache.size(1);
+  const int64_t G = H / KVH, nb = block_tables.size(1);
+  auto out = torch::empty_like(q);
+  const int64_t* bt = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  const int64_t row = KVH * hd;  // elements per cache slot
+  const int64_t num_blocks = k_cache.size(0) / block_size;
+  for (int64_t d = 0; d < D; ++d) {
+    TORCH_CHECK(0 < lens[d] && lens[d] <= nb * block_size, "context length out of range");
+    for (int64_t b = 0; b < (lens[d] + block_size - 1) / block_size; ++b)
+      TORCH_CHECK(0 <= bt[d * nb + b] && bt[d * nb + b] < num_blocks, "block id out of range");
+  }
+  by_dtype(q, [&](auto z) {
+    using T = decltype(z);
+    const T *qp = ptr<T>(q), *kp = ptr<T>(k_cache), *vp = ptr<T>(v_cache); T* op = ptr<T>(out);
+    at::parallel_for(0, D * KVH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores, qf(G * hd), acc(G * hd);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t d = task / KVH, h = task % KVH, len = lens[d];
+        scores.assign(G * len, 0.f);
+        const T* qg = qp + (d * H + h * G) * hd;
+        for (int64_t i = 0; i < G * hd; ++i) qf[i] = ld(qg[i]);
+        for (int64_t t = 0; t < len; ++t) {
+          const T* k = kp + (bt[d * nb + t / block_size] * block_size + t % block_size) * row + h * hd;
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qv = qf.data() + g * hd;
+            float dot = 0.f;
+            #pragma omp simd reduction(+:dot)
+            for (int64_t i = 0; i < hd; ++i) dot += qv[i] * ld(k[i]);
+            scores[g * len + t] = dot * (float)scale;
+          }
+        }
+        for (int64_t g = 0; g < G; ++g) {
+          float* s = scores.data() + g * len;
+          float mx = -std::numeric_limits<float>::max();  // finite: built with -ffast-math
+          for (int64_t t = 0; t < len; ++t) mx = std::max(mx, s[t]);
+          float sum = 0.f;
+          for (int64_t t = 0; t < len; ++t) { s[t] = std::exp(s[t] - mx); sum += s[t]; }
+          const float inv = 1.f / sum;
+          for (int64_t t = 0; t < len; ++t) s[t] *= inv;
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t t = 0; t < len; ++t) {
+          const T* v = vp + (bt[d * nb + t / block_size] * block_size + t % block_size) * row + h * hd;
+          for (int64_t g = 0; g < G; ++g) {
+            const float p = scores[g * len + t];
+            float* o = acc.data() + g * hd;
+            #pragma omp simd
+            for (int64_t i = 0; i < hd; ++i) o[i] += p * ld(v[i]);
+          }
+        }
+        T* og = op + (d * H + h * G) * hd;
+        for (int64_t i = 0; i < G * hd; ++i) og[i] = to<T>(acc[i]);
+      }
+    });
+  });
+  return out;
+}
+"""
+FUNCTIONS = ["rms_norm", "add_rms_norm", "silu_mul", "rope_cache", "paged_decode"]
+DTYPES = (torch.float32, torch.bfloat16)  # what the C++ ops take
+
+
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+    """cache [slots, KVH, hd], [..., nb] block ids -> [..., nb * block_size, KVH, hd], a whole block at a time."""
+    paged = cache.view(-1, block_size, *cache.shape[1:])
+    return paged.index_select(0, blocks.flatten()).view(*blocks.shape[:-1], -1, *cache.shape[1:])
+
+
+class TorchKernels:
+    """The ops in plain torch, with the C++ ops' signatures."""
+
+    @staticmethod
+    def rms_norm(x, w, eps):
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+    @staticmethod
+    def add_rms_norm(x, residual, w, eps):
+        residual.add_(x)
+        return F.rms_norm(residual, (x.shape[-1],), w, eps)
+
+    @staticmethod
+    def silu_mul(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def rope_cache(qkv, cos, sin, positions, k_cache, v_cache, slots, heads, kv_heads):
+        hd = k_cache.shape[-1]
+        qk = qkv[:, :(heads + kv_heads) * hd].view(-1, heads + kv_heads, hd)
+        pairs = torch.view_as_complex(qk.float().reshape(*qk.shape[:-1], -1, 2))
+        cis = torch.complex(cos[positions], sin[positions]).unsqueeze(1)  # [T, 1, hd/2]
+        q, k = torch.view_as_real(pairs * cis).flatten(-2).to(qkv.dtype).split([heads, kv_heads], dim=1)
+        k_cache.index_copy_(0, slots, k)
+        v_cache.index_copy_(0, slots, qkv[:, (heads + kv_heads) * hd:].view(-1, kv_heads, hd))
+        return q
+
+    @staticmethod
+    def paged_decode(q, k_cache, v_cache, block_tables, context_lens, block_size, scale):
+        d, heads, hd = q.shape
+        kv_heads = k_cache.shape[1]
+        keys = gather_blocks(k_cache, block_tables, block_size).transpose(1, 2)  # [D, KVH, S, hd]
+        values = gather_blocks(v_cache, block_tables, block_size).transpose(1, 2)
+        q = q.view(d, kv_heads, heads // kv_heads, hd)
+        visible = torch.arange(keys.shape[2]) < context_lens.unsqueeze(1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None, None, :], scale=scale)
+        return out.reshape(d, heads, hd)
+
+
+def kernels_for(dtype: torch.dtype, cpp: bool = True):
+    """The C++ ops where they are wanted, take `dtype` and build here; else TorchKernels."""
+    module = load_cpp_kernels() if cpp and dtype in DTYPES else None
+    return TorchKernels if module is None else module
+
+
+@functools.cache
+def load_cpp_kernels():
+    """The compiled module, or None where it cannot be built here."""
+    if os.environ.get("INFERD_NO_CPP_KERNELS"):
+        return None
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        log.info("building the decoder's C++ kernels (cached after the first time)")
+        return load_inline(name=f"inferd_cpu_kernels_{_cpu_tag()}", cpp_sources=SOURCE, functions=FUNCTIONS,
+                           extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"],
+                           verbose=False)
+    except Exception as e:  # no compiler, no ninja: the torch ops serve
+        log.warning("C++ kernels unavailable (%s); using torch ops", e)
+        return None
+
+
+def _cpu_tag() -> str:
+    """Part of the build's cache key: a -march=native build must not be loaded on another CPU."""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return hashlib.sha256(flags.encode()).hexdigest()[:10]

@@ -1,0 +1,90 @@
+"""The C++ ops of inferd.models.cpu_kernels against their torch versions (TorchKernels), float32 and bfloat16,
+on random inputs: odd head counts, GQA ratios, contexts across block boundaries."""
+import pytest
+import torch
+
+from inferd.models.cpu_kernels import TorchKernels, kernels_for, load_cpp_kernels
+
+cpp = load_cpp_kernels()
+pytestmark = pytest.mark.skipif(cpp is None, reason="no C++ toolchain here")
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def tol(dtype):  # bf16: both sides round once or twice to 8 bits of mantissa
+    return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+
+
+def randn(*shape, dtype, g):
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,n", [(1, 576), (5, 64), (33, 100)])
+def test_norms_match_torch(dtype, rows, n):
+    g = torch.Generator().manual_seed(rows)
+    x, w = randn(rows, n, dtype=dtype, g=g), randn(n, dtype=dtype, g=g)
+    torch.testing.assert_close(cpp.rms_norm(x, w, 1e-5), TorchKernels.rms_norm(x, w, 1e-5), **tol(dtype))
+    residual = randn(rows, n, dtype=dtype, g=g)
+    ours, theirs = residual.clone(), residual.clone()
+    out = cpp.add_rms_norm(x, ours, w, 1e-5)
+    torch.testing.assert_close(out, TorchKernels.add_rms_norm(x, theirs, w, 1e-5), **tol(dtype))
+    torch.testing.assert_close(ours, theirs, atol=0, rtol=0)  # the residual stream rounds as a torch add
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_matches_torch(dtype):
+    g = torch.Generator().manual_seed(1)
+    gate_up = randn(7, 2 * 96, dtype=dtype, g=g) * 4
+    torch.testing.assert_close(cpp.silu_mul(gate_up), TorchKernels.silu_mul(gate_up), **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,hd", [(9, 3, 64), (4, 4, 16), (6, 2, 32)])
+def test_rope_cache_rotates_q_k_and_writes_the_cache(dtype, heads, kv_heads, hd):
+    g = torch.Generator().manual_seed(heads)
+    rows, slots, max_pos = 6, 40, 50
+    qkv = randn(rows, (heads + 2 * kv_heads) * hd, dtype=dtype, g=g)
+    angles = torch.outer(torch.arange(max_pos, dtype=torch.float32), torch.rand(hd // 2, generator=g))
+    cos, sin = angles.cos(), angles.sin()
+    positions = torch.tensor([0, 3, 49, 7, 8, 20])
+    slot_mapping = torch.randperm(slots, generator=g)[:rows]
+    caches = [randn(slots, kv_heads, hd, dtype=dtype, g=g) for _ in range(2)]
+    ours, theirs = [c.clone() for c in caches], [c.clone() for c in caches]
+    q = cpp.rope_cache(qkv, cos, sin, positions, *ours, slot_mapping, heads, kv_heads)
+    expected = TorchKernels.rope_cache(qkv, cos, sin, positions, *theirs, slot_mapping, heads, kv_heads)
+    torch.testing.assert_close(q, expected, **tol(dtype))
+    torch.testing.assert_close(ours[0], theirs[0], **tol(dtype))
+    torch.testing.assert_close(ours[1], theirs[1], atol=0, rtol=0)  # V is copied as it is
+    untouched = torch.ones(slots, dtype=torch.bool)
+    untouched[slot_mapping] = False
+    torch.testing.assert_close(ours[0][untouched], caches[0][untouched], atol=0, rtol=0)
+
+
+def test_rope_cache_refuses_a_slot_out_of_range():
+    qkv, cache = torch.zeros(1, 3 * 16), torch.zeros(4, 1, 16)
+    cos = sin = torch.zeros(8, 8)
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpp.rope_cache(qkv, cos, sin, torch.tensor([0]), cache, cache.clone(), torch.tensor([4]), 1, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 6), (9, 3)])
+def test_paged_decode_matches_torch(dtype, heads, kv_heads):
+    g = torch.Generator().manual_seed(0)
+    block_size, num_blocks, hd = 4, 40, 16
+    k_cache = randn(num_blocks * block_size, kv_heads, hd, dtype=dtype, g=g)
+    v_cache = randn(num_blocks * block_size, kv_heads, hd, dtype=dtype, g=g)
+    lens = torch.tensor([1, 7, 16, 13])  # one token, mid-block, a full last block, across blocks
+    width = -(-int(lens.max()) // block_size)
+    tables = torch.randperm(num_blocks, generator=g)[:4 * width].view(4, width)
+    q = randn(4, heads, hd, dtype=dtype, g=g)
+    args = (q, k_cache, v_cache, tables, lens, block_size, hd ** -0.5)
+    torch.testing.assert_close(cpp.paged_decode(*args), TorchKernels.paged_decode(*args), **tol(dtype))
+
+
+def test_ops_refuse_other_dtypes_and_the_engine_falls_back():
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        cpp.silu_mul(torch.zeros(2, 4, dtype=torch.float16))
+    assert kernels_for(torch.float16) is TorchKernels
+    assert kernels_for(torch.bfloat16, cpp=False) is TorchKernels
+    assert kernels_for(torch.bfloat16) is cpp
