@@ -35,7 +35,8 @@ def served_tok_s(dtype: str, quantization: str, args, work: Path) -> dict:
     url = f"http://127.0.0.1:{port}"
     log = open(work / f"replica-{dtype}-{quantization}.log", "w")
     replica = subprocess.Popen([sys.executable, "-m", "inferd.cli", "replica", "--port", str(port), "--api-key", KEY,
-                                "--dtype", dtype, "--quantization", quantization, "--served-model-name", "chat"],
+                                "--dtype", dtype, "--quantization", quantization, "--served-model-name", "chat",
+                                *(["--num-threads", str(args.replica_threads)] if args.replica_threads else [])],
                                stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     try:
         wait_until_ready(url, lambda: replica.poll() is None, lambda: f"exited with {replica.returncode}", 600)
@@ -70,13 +71,16 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4, help="measured requests per served repeat")
     ap.add_argument("--input-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--replica-threads", type=int, default=None,
+                    help="the replica's --num-threads (default: its own, all cores); in process stays at all cores")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     model = load_model(None, progress=False)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
               "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__,
                           "load_average_before": _loadavg(), "shared": "other work ran on the same cores"},
-              "workload": {"input_tokens": args.input_tokens, "output_tokens": args.output_tokens, "batch": 1},
+              "workload": {"input_tokens": args.input_tokens, "output_tokens": args.output_tokens, "batch": 1,
+                           "replica_threads": args.replica_threads},
               "formats": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.formats.split(","):

@@ -37,6 +37,7 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -200,14 +201,17 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
         scores.assign(G * len, 0.f);
         const T* qg = qp + (d * H + h * G) * hd;
         for (int64_t i = 0; i < G * hd; ++i) qf[i] = ld(qg[i]);
-        for (int64_t t = 0; t < len; ++t) {
-          const T* k = kp + (bt[d * nb + t / block_size] * block_size + t % block_size) * row + h * hd;
-          for (int64_t g = 0; g < G; ++g) {
-            const float* qv = qf.data() + g * hd;
-            float dot = 0.f;
-            #pragma omp simd reduction(+:dot)
-            for (int64_t i = 0; i < hd; ++i) dot += qv[i] * ld(k[i]);
-            scores[g * len + t] = dot * (float)scale;
+        for (int64_t t0 = 0; t0 < len; t0 += block_size) {  // a block at a time: no division per token
+          const T* block = kp + bt[d * nb + t0 / block_size] * block_size * row + h * hd;
+          for (int64_t t = t0; t < std::min(len, t0 + block_size); ++t) {
+            const T* k = block + (t - t0) * row;
+            for (int64_t g = 0; g < G; ++g) {
+              const float* qv = qf.data() + g * hd;
+              float dot = 0.f;
+              #pragma omp simd reduction(+:dot)
+              for (int64_t i = 0; i < hd; ++i) dot += qv[i] * ld(k[i]);
+              scores[g * len + t] = dot * (float)scale;
+            }
           }
         }
         for (int64_t g = 0; g < G; ++g) {
@@ -220,13 +224,16 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
           for (int64_t t = 0; t < len; ++t) s[t] *= inv;
         }
         std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t t = 0; t < len; ++t) {
-          const T* v = vp + (bt[d * nb + t / block_size] * block_size + t % block_size) * row + h * hd;
-          for (int64_t g = 0; g < G; ++g) {
-            const float p = scores[g * len + t];
-            float* o = acc.data() + g * hd;
-            #pragma omp simd
-            for (int64_t i = 0; i < hd; ++i) o[i] += p * ld(v[i]);
+        for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+          const T* block = vp + bt[d * nb + t0 / block_size] * block_size * row + h * hd;
+          for (int64_t t = t0; t < std::min(len, t0 + block_size); ++t) {
+            const T* v = block + (t - t0) * row;
+            for (int64_t g = 0; g < G; ++g) {
+              const float p = scores[g * len + t];
+              float* o = acc.data() + g * hd;
+              #pragma omp simd
+              for (int64_t i = 0; i < hd; ++i) o[i] += p * ld(v[i]);
+            }
           }
         }
         T* og = op + (d * H + h * G) * hd;
