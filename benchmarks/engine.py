@@ -125,7 +125,8 @@ def inferd_engine(model, spec: str, batches: list[int]) -> tuple[str, LLMEngine]
     engine = LLMEngine(model, EngineConfig(dtype=dtype, quantization=quantization or "none",
                                            max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * PROMPT_LEN,
                                            kv_cache_gib=1.0, enable_prefix_caching=False,  # repeats must miss
-                                           cpp_kernels=ops != "torch"))
+                                           cpp_kernels=ops != "torch",
+                                           small_step_threads=torch.get_num_threads()))  # the engine at its best
     label = str(engine.dtype).removeprefix("torch.")
     label += "" if engine.quantization == "none" else f" {engine.quantization}"
     label += " (auto)" if quantization == "auto" else ""

@@ -26,6 +26,11 @@ class EngineConfig:
     cpp_kernels: bool = setting(True, "the decoder's norms, RoPE, cache writes, decode attention and silu in C++ "
                                 "(float32 and bfloat16), built on first use; else torch ops")
     num_threads: int | None = setting(None, "torch threads for the engine (default: all cores)")
+    small_step_threads: int | None = setting(None, "torch threads for a decode step of at most small_step_seqs "
+                                             "sequences: such a step gains little from the last core, which the "
+                                             "HTTP loop streaming its tokens needs (default: one fewer than "
+                                             "num_threads, at least 1)")
+    small_step_seqs: int = setting(4, "sequences up to which a decode-only step is small (small_step_threads)")
     num_speculative_tokens: int = setting(0, "drafts verified per decode step (0: off); drafted by prompt "
                                           "lookup unless speculative_model is set")
     speculative_model: str | None = setting(None, "draft model: a smaller .gguf or model directory of the same "
@@ -43,7 +48,7 @@ class EngineConfig:
     def __post_init__(self):
         check_choices(self)
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size", "max_model_len",
-                     "num_threads"):
+                     "num_threads", "small_step_threads", "small_step_seqs"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SettingError(name, "must be at least 1")
         if self.lower_class_seqs < 0:

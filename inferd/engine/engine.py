@@ -25,6 +25,7 @@ from inferd.models.quant import load_int8_kernel, quantize_linears
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice (all cores), before any engine sets it per step
 
 
 def resolve_dtype(name: str, quantization: str = "none") -> torch.dtype:
@@ -52,8 +53,9 @@ class LLMEngine:
     """Synchronous core: add requests, call step(), get outputs. Not thread-safe."""
 
     def __init__(self, model: LoadedModel, config: EngineConfig):
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        self.num_threads = config.num_threads or DEFAULT_THREADS  # not torch's count now: an engine changes it
+        torch.set_num_threads(self.num_threads)
+        self.small_step_threads = config.small_step_threads or max(1, self.num_threads - 1)
         self.config = config
         self.tokenizer = model.tokenizer
         self.model_name = model.name
@@ -185,6 +187,10 @@ class LLMEngine:
         stop = None
         if outranked is not None and best > 0 and masks is None and not any(item.draft for item in batch.seqs):
             stop = lambda: outranked(best)  # noqa: E731
+        small = not batch.prefills and len(batch.decodes) <= self.config.small_step_seqs
+        threads = self.small_step_threads if small else self.num_threads
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
         try:
             logits = self.runner.run(batch, stop)
         except StepInterrupted:
