@@ -88,3 +88,16 @@ def test_ops_refuse_other_dtypes_and_the_engine_falls_back():
     assert kernels_for(torch.float16) is TorchKernels
     assert kernels_for(torch.bfloat16, cpp=False) is TorchKernels
     assert kernels_for(torch.bfloat16) is cpp
+
+
+def test_ops_refuse_mismatched_shapes_instead_of_reading_past_them():
+    with pytest.raises(RuntimeError, match=r"weight: \[n\]"):
+        cpp.rms_norm(torch.zeros(2, 8), torch.zeros(4), 1e-5)
+    with pytest.raises(RuntimeError, match="2 I"):
+        cpp.silu_mul(torch.zeros(2, 7))
+    cache = torch.zeros(8, 1, 4)
+    with pytest.raises(RuntimeError, match="block table and a context length per query"):
+        cpp.paged_decode(torch.zeros(2, 1, 4), cache, cache, torch.zeros(1, 2, dtype=torch.long),
+                         torch.tensor([1, 1]), 4, 1.0)
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        cpp.paged_decode(torch.zeros(1, 1, 4), cache, cache, torch.tensor([[5]]), torch.tensor([3]), 4, 1.0)
