@@ -26,11 +26,11 @@ GROUP = 32  # weights per (scale, min) pair along K, as in Q4_1
 ROWS_MULTIPLE = 16  # the packing wants N divisible by 16: other N are padded with zero rows
 
 
-_int4_mm = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None)
+_int4_mm = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None)  # None in torch builds without it
 
 
 def int4_available() -> bool:
-    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    return _int4_mm is not None
 
 
 # ---- weights
@@ -91,7 +91,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype is torch.bfloat16 and x.dim() == 2 and x.is_contiguous() and self.simple:
-            # the decoder's case, without the casts and reshapes below (~20 us a call at one row)
+            # the decoder's case, without the casts and reshapes below (~10 us a call at one row: benchmarks/cpu_kernels.py)
             if x.shape[0] > self.max_rows:
                 return self.dense(x)
             return _int4_mm(x, self.packed, GROUP, self.scales)

@@ -295,9 +295,6 @@ class Int8Linear(nn.Module):
         self.bias = torch.empty(0) if linear.bias is None else linear.bias.detach().float().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel is not None and x.dtype is torch.float32 and x.dim() == 2 and x.is_contiguous():
-            # the decoder's case, without the casts and reshapes below
-            return self.kernel.int8_linear(x, self.weight, self.scale, self.bias, self.out_features, FUSED_MAX_M)
         flat = x.reshape(-1, self.in_features).float().contiguous()
         if self.kernel is not None:
             y = self.kernel.int8_linear(flat, self.weight, self.scale, self.bias, self.out_features, FUSED_MAX_M)

@@ -199,10 +199,13 @@ def test_settings_that_cannot_be_honoured_are_rejected_at_start():
 def test_small_decode_steps_leave_a_core_and_the_others_use_all(monkeypatch):
     engine = make_engine(num_threads=2, small_step_seqs=2)
     assert engine.small_step_threads == 1  # the default: one fewer than num_threads
-    seen = []
-    forward = engine.runner.run
-    monkeypatch.setattr(engine.runner, "run", lambda batch, stop=None: (
-        seen.append((len(batch.decodes), len(batch.prefills), torch.get_num_threads())), forward(batch, stop))[1])
+    seen, forward = [], engine.runner.run
+
+    def run_recording_threads(batch, stop=None):
+        seen.append((len(batch.decodes), len(batch.prefills), torch.get_num_threads()))
+        return forward(batch, stop)
+
+    monkeypatch.setattr(engine.runner, "run", run_recording_threads)
     run(engine, {f"r{i}": (ids, greedy(4 + 4 * i)) for i, ids in enumerate(prompts(3))})  # 3, 2, then 1 decoding
     assert all(t == (1 if not p and d <= 2 else 2) for d, p, t in seen)
     assert {(d, t) for d, p, t in seen if not p} == {(3, 2), (2, 1), (1, 1)}
