@@ -1,7 +1,7 @@
 """The decoder's small ops, in C++ for float32 and bfloat16 (built on first use), or in plain torch.
 
-A decode step of a small model is mostly small ops: at one sequence, SmolLM2's step ran 6,751 ATen calls
-by the torch profiler's count, nested ones included (norms decomposed into casts, pow, mean and rsqrt; RoPE through complex views; two index_copy_ for
+A decode step of a small model is mostly small ops: at one sequence, most of SmolLM2's ATen calls
+per step were these (norms decomposed into casts, pow, mean and rsqrt; RoPE through complex views; two index_copy_ for
 the cache; the gather, mask and SDPA of decode attention), and their dispatch cost as much as the
 weight reads. Here each of these is one call:
 
