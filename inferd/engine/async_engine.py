@@ -4,7 +4,10 @@ Requests and aborts cross into the thread through one queue as typed messages;
 each step's outputs cross back with one call_soon_threadsafe. The loop sleeps
 while idle. A request of a better class than all of a running step's sequences
 (interactive beside batch work) stops that step between layers, so that it is
-scheduled in the next one instead of waiting out a long batch step.
+scheduled in the next one instead of waiting out a long batch step; one of the
+same class is taken between the step's layers and prefilled in a step of its
+own right there (LLMEngine.step's arrivals), so that its first token waits for
+no other request's step. Other messages that arrive mid-step wait for its end.
 """
 import asyncio
 import logging
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 
 import llguidance
 
-from inferd.engine.engine import LLMEngine
+from inferd.engine.engine import Arrivals, LLMEngine
 from inferd.engine.spec_decode import SpecStats
 from inferd.engine.request import EngineDeadError, EngineError, RequestOutput, SamplingParams
 
@@ -73,6 +76,9 @@ class AsyncEngine:
         # the best class added since the engine thread last took its inbox (written by both threads without a
         # lock: a race costs one step's wait for a request, or one spurious check, never a wrong answer)
         self._arrived = math.inf
+        self._added = False  # an AddRequest was put since the engine thread last looked (same race rule)
+        self._deferred: list[InboxMessage] = []  # taken mid-step, handled once the step is over
+        self._arrivals = Arrivals(self._take_arrivals, self._deliver)
 
     @property
     def tokenizer(self):
@@ -123,6 +129,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         self._arrived = min(self._arrived, priority)
         self._inbox.put(AddRequest(request_id, prompt_token_ids, params, cache_namespace, grammar, priority))
+        self._added = True
         finished = False
         try:
             while not finished:
@@ -148,7 +155,7 @@ class AsyncEngine:
                 self._arrived = math.inf  # before the inbox is taken: an arrival after this is seen by the step
                 self._drain_inbox(block=not self.engine.has_work())
                 if self.engine.has_work():
-                    self._deliver(self.engine.step(self._outranked))
+                    self._deliver(self.engine.step(self._outranked, self._arrivals))
         except BaseException as e:  # the engine is broken: fail every open request, say why once
             log.exception("engine loop died")
             self._error = e
@@ -158,12 +165,30 @@ class AsyncEngine:
         """Whether a request of a better class than priority was added since the inbox was last taken."""
         return self._arrived < priority
 
+    def _take_arrivals(self) -> bool:
+        """Mid-step (between layers): adds the requests put since, keeps any other message for after the step;
+        True if a request was added."""
+        if not self._added:
+            return False
+        self._added, added = False, False
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return added
+            if isinstance(message, AddRequest):
+                added = self._add(message) or added
+            else:
+                self._deferred.append(message)
+
     def _drain_inbox(self, block: bool) -> None:
+        deferred, self._deferred = self._deferred, []
+        self._added = False
+        outputs = [out for message in deferred for out in self._handle(message)]
         try:
-            message = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            message = self._inbox.get(timeout=0.5) if block and not deferred else self._inbox.get_nowait()
         except queue.Empty:
-            return
-        outputs = []
+            message = None
         while message is not None:
             outputs += self._handle(message)
             try:
@@ -183,12 +208,14 @@ class AsyncEngine:
             case Wake():
                 return []
 
-    def _add(self, message: AddRequest) -> None:
+    def _add(self, message: AddRequest) -> bool:
         try:
             self.engine.add_request(message.request_id, message.prompt_token_ids, message.params,
                                     message.cache_namespace, message.grammar, message.priority)
+            return True
         except EngineError as e:
             self._loop.call_soon_threadsafe(self._put, message.request_id, e)
+            return False
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         if outputs:

@@ -1,6 +1,7 @@
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -49,6 +50,13 @@ def resolve_quantization(name: str, dtype: str) -> str:
     return choice
 
 
+@dataclass(slots=True)
+class Arrivals:
+    """How a step takes requests that arrive while it runs (AsyncEngine's inbox)."""
+    added: Callable[[], bool]  # adds those that arrived since it was last called; True if any did
+    deliver: Callable[[list[RequestOutput]], None]  # hands out the outputs of a step nested in the one in flight
+
+
 class LLMEngine:
     """Synchronous core: add requests, call step(), get outputs. Not thread-safe."""
 
@@ -87,6 +95,7 @@ class LLMEngine:
         self.masker = GrammarMasker(self.grammars, mc.vocab_size)
         self.seqs: dict[str, Sequence] = {}
         self.num_interrupted_steps = 0  # lower-class steps given up for a better request (step's outranked)
+        self.num_joined = 0  # sequences prefilled inside a step in flight (step's arrivals)
         spec = SpecConfig(config.num_speculative_tokens)
         proposer = self._draft_model(draft) if config.speculative_model else None
         self.speculator = Speculator(spec, self.blocks, self.max_model_len, proposer) if spec.num_draft_tokens else None
@@ -171,28 +180,46 @@ class LLMEngine:
 
     # ---- one step
 
-    def step(self, outranked: Callable[[int], bool] | None = None) -> list[RequestOutput]:
+    def step(self, outranked: Callable[[int], bool] | None = None, arrivals: Arrivals | None = None
+             ) -> list[RequestOutput]:
         """One forward of the scheduled batch and its tokens. outranked(p): whether a request better than class
         p arrived since this step was scheduled; a step of lower classes only (no drafts, no grammar) then stops
-        between layers and computes nothing, so that the next step schedules that request at once."""
+        between layers and computes nothing, so that the next step schedules that request at once.
+        arrivals: asked between layers for requests that arrived meanwhile; those that join (Scheduler.join)
+        are prefilled in a step of their own right there, and its outputs handed to arrivals.deliver, so that
+        a new prompt's first token waits for no other request's step."""
         batch = self.scheduler.schedule()
         if batch.seqs and self.speculator is not None:
             self.speculator.draft(batch)
-        return self.run_batch(batch, outranked) if batch.seqs else []
+        return self.run_batch(batch, outranked, arrivals) if batch.seqs else []
 
-    def run_batch(self, batch: Batch, outranked: Callable[[int], bool] | None = None) -> list[RequestOutput]:
+    def run_batch(self, batch: Batch, outranked: Callable[[int], bool] | None = None,
+                  arrivals: Arrivals | None = None) -> list[RequestOutput]:
         sampling = [item.seq for item in batch.seqs if item.samples and not item.draft]
         masks = self.masker.start(sampling)  # grammar masks, computed while the forward runs
         best = min(item.seq.priority for item in batch.seqs)
-        stop = None
-        if outranked is not None and best > 0 and masks is None and not any(item.draft for item in batch.seqs):
-            stop = lambda: outranked(best)  # noqa: E731
+        stop = outranked is not None and best > 0 and masks is None and not any(item.draft for item in batch.seqs)
+        join = arrivals is not None and masks is None and self.speculator is None
         small = not batch.prefills and len(batch.decodes) <= self.config.small_step_seqs
         threads = self.small_step_threads if small else self.num_threads
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
+
+        budget = self.config.max_num_batched_tokens - batch.num_tokens  # this step's and its nested ones'
+
+        def between() -> None:
+            nonlocal budget
+            if stop and outranked(best):
+                raise StepInterrupted("a better class arrived")
+            if join and budget > 0 and arrivals.added():
+                nested = self.scheduler.join(budget, best)
+                if nested.seqs:
+                    budget -= nested.num_tokens
+                    self.num_joined += len(nested.seqs)
+                    arrivals.deliver(self.run_batch(nested))
+                    torch.set_num_threads(threads)
         try:
-            logits = self.runner.run(batch, stop)
+            logits = self.runner.run(batch, between if stop or join else None)
         except StepInterrupted:
             self.num_interrupted_steps += 1
             return []

@@ -40,15 +40,15 @@ class ModelRunner:
         assert kv_cache.shape == (c.num_layers, 2, num_slots, c.num_kv_heads, c.head_dim)
         self.kv_cache = kv_cache
 
-    def run(self, batch: Batch, stop: Callable[[], bool] | None = None) -> torch.Tensor:
+    def run(self, batch: Batch, between: Callable[[], None] | None = None) -> torch.Tensor:
         """Returns fp32 logits: each scheduled sequence's ScheduledSeq.num_logits rows (its prompt logprobs', then
-        one to sample or 1 + k to verify k drafts), in batch order. stop: as the model's forward takes it."""
+        one to sample or 1 + k to verify k drafts), in batch order. between: as the model's forward takes it."""
         def chunk(item):
             start = item.seq.num_computed_tokens
             return Chunk(item.seq, start, item.seq.token_ids[start:start + item.num_tokens], item.num_logits)
-        return self.forward([chunk(i) for i in batch.decodes], [chunk(i) for i in batch.prefills], stop)
+        return self.forward([chunk(i) for i in batch.decodes], [chunk(i) for i in batch.prefills], between)
 
-    def forward(self, decodes: list[Chunk], prefills: list[Chunk], stop: Callable[[], bool] | None = None
+    def forward(self, decodes: list[Chunk], prefills: list[Chunk], between: Callable[[], None] | None = None
                 ) -> torch.Tensor:
         """decodes: one token each, attended to together; prefills: any number of tokens each.
         Returns fp32 logits: the rows each chunk asks for, decodes first, in order."""
@@ -68,7 +68,7 @@ class ModelRunner:
         if decodes:
             meta.decode_blocks, meta.decode_lens = self._decode_context(decodes)
         return self.model(torch.tensor(input_ids), torch.tensor(positions), meta, self.kv_cache,
-                          torch.tensor(logits_rows, dtype=torch.long), stop)
+                          torch.tensor(logits_rows, dtype=torch.long), between)
 
     def _prefill_chunks(self, prefills: list[Chunk], row: int) -> list[PrefillChunk]:
         chunks = []

@@ -158,6 +158,22 @@ class Scheduler:
                     continue
             prefilled, budget = seq.priority, budget - n
 
+    def join(self, budget: int, best: int) -> Batch:
+        """A batch of waiting sequences to prefill inside a step in flight (between its layers), best rank first:
+        admitted as schedule() admits them, within `budget` tokens and without preempting; none of a class worse
+        than best (the step's), nor one with a grammar (its mask needs a step's worker of its own)."""
+        self.waiting = deque(sorted(self.waiting, key=self._rank))
+        joined = Batch([], [])
+        while budget > 0 and self.waiting:
+            seq = self.waiting[0]
+            if seq.grammar is not None or (self.by_priority and seq.priority > best):
+                break
+            n = self._admit(joined, budget)
+            if n is None:
+                break
+            budget -= n
+        return joined
+
     def _held_back(self, queue: deque[Sequence]) -> list[Sequence]:
         """Priority policy: while the best class present has work, only lower_class_seqs sequences of lower
         classes are stepped (the best-ranked first); the rest leave the queue for this step, keeping their blocks."""

@@ -19,7 +19,7 @@ from inferd.models.cpu_kernels import TorchKernels, gather_blocks
 
 
 class StepInterrupted(Exception):
-    """A forward stopped between layers because its caller asked it to (LlamaForCausalLM.forward's stop)."""
+    """A forward stopped between layers because its caller asked it to (LlamaForCausalLM.forward's between)."""
 
 
 class UnsupportedModelError(Exception):
@@ -204,15 +204,16 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: torch.Tensor,
-                logits_indices: torch.Tensor, stop: Callable[[], bool] | None = None) -> torch.Tensor:
+                logits_indices: torch.Tensor, between: Callable[[], None] | None = None) -> torch.Tensor:
         """kv_cache: [layers, 2, slots, kv_heads, head_dim]. Returns fp32 logits of the rows asked for.
-        stop: asked before each layer; when it says True the forward ends with StepInterrupted (the K/V it
-        wrote are for positions not yet counted as computed: a later forward writes them again)."""
+        between: called before each layer. It may raise StepInterrupted to end this forward (the K/V it wrote
+        are for positions not yet counted as computed: a later forward writes them again), or run a forward of
+        its own over other slots of the cache before this one goes on."""
         h, residual = self.embed_tokens(input_ids), None
         rope = (self.rope.cos, self.rope.sin, positions)
         for i, layer in enumerate(self.layers):
-            if stop is not None and stop():
-                raise StepInterrupted(f"stopped before layer {i}")
+            if between is not None:
+                between()
             h, residual = layer(h, residual, rope, meta, kv_cache[i, 0], kv_cache[i, 1])
         h = self.norm(h[logits_indices], residual[logits_indices])
         return self.lm_head(h).float()

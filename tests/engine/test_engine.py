@@ -201,9 +201,9 @@ def test_small_decode_steps_leave_a_core_and_the_others_use_all(monkeypatch):
     assert engine.small_step_threads == 1  # the default: one fewer than num_threads
     seen, forward = [], engine.runner.run
 
-    def run_recording_threads(batch, stop=None):
+    def run_recording_threads(batch, between=None):
         seen.append((len(batch.decodes), len(batch.prefills), torch.get_num_threads()))
-        return forward(batch, stop)
+        return forward(batch, between)
 
     monkeypatch.setattr(engine.runner, "run", run_recording_threads)
     run(engine, {f"r{i}": (ids, greedy(4 + 4 * i)) for i, ids in enumerate(prompts(3))})  # 3, 2, then 1 decoding

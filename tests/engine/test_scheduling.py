@@ -1,8 +1,13 @@
-"""Scheduling policies: FCFS, and priority classes with preemption of lower classes when blocks run out."""
+"""Scheduling policies: FCFS, priority classes with preemption of lower classes when blocks run out, and
+prompts that join a step in flight."""
+import asyncio
+import threading
 from collections import defaultdict
 
-from inferd.engine.request import SamplingParams
-from tests.engine.test_engine import assert_no_leak, greedy, make_engine, prompts
+from inferd.engine.async_engine import AsyncEngine
+from inferd.engine.engine import Arrivals
+from inferd.engine.request import ResponseFormat, SamplingParams
+from tests.engine.test_engine import MODEL, assert_no_leak, greedy, make_engine, prompts
 
 INTERACTIVE, BATCH = 0, 1
 
@@ -165,3 +170,96 @@ def test_a_batch_step_outranked_by_an_arrival_stops_and_loses_nothing():
     assert engine.num_interrupted_steps == 1
     assert_no_leak(engine)
     assert all(tokens[r] == alone[r] for r in ("b1", "b2", "i"))  # the stopped step's K/V were written again
+
+
+def test_prompts_that_arrive_mid_step_are_prefilled_there_at_any_layer_and_change_no_output():
+    ps = prompts(5, seed=29)
+    ps[4] = ps[4] * 6  # longer than the budget the running step leaves: its rest is computed in later chunks
+    reqs = {f"r{i}": (ps[i], greedy(6)) for i in range(5)}
+    alone = {rid: outputs(make_engine(), {rid: (ids, p, 0)})[0][rid] for rid, (ids, p) in reqs.items()}
+    for layer in range(MODEL.config.num_layers):  # before the first layer and after it
+        engine = make_engine(max_num_batched_tokens=48)
+        tokens, asked, nested = defaultdict(list), [], []
+        for rid in ("r0", "r1"):
+            engine.add_request(rid, *reqs[rid])
+        for out in engine.step():  # both prefilled: the next step decodes them
+            tokens[out.request_id] += out.token_ids
+
+        def added():
+            asked.append(len(asked))
+            if len(asked) - 1 != layer:
+                return False
+            for rid in ("r2", "r3", "r4"):
+                engine.add_request(rid, *reqs[rid])
+            return True
+        stepped = engine.step(arrivals=Arrivals(added, nested.extend))
+        assert [out.request_id for out in nested] == ["r2", "r3"]  # r4 has prompt left
+        assert [out.request_id for out in stepped] == ["r0", "r1"]
+        assert engine.num_joined == 3 and len(asked) == layer + 1  # then the step's budget is spent
+        for out in nested + stepped:
+            tokens[out.request_id] += out.token_ids
+        while engine.has_work():
+            for out in engine.step(arrivals=Arrivals(lambda: False, nested.extend)):
+                tokens[out.request_id] += out.token_ids
+        assert_no_leak(engine)
+        assert dict(tokens) == alone, f"joined before layer {layer}"
+
+
+def test_a_worse_class_or_a_grammar_does_not_join_a_step():
+    ps = prompts(2, seed=31)
+    json_object = SamplingParams(max_tokens=4, response_format=ResponseFormat("json_object"))
+    for params, priority in ((greedy(4), BATCH), (json_object, INTERACTIVE)):
+        engine, delivered = make_engine(), []
+        engine.add_request("i", ps[0], greedy(4), priority=INTERACTIVE)
+        engine.step()
+
+        def added():
+            if "new" in engine.seqs:
+                return False
+            engine.add_request("new", ps[1], params, priority=priority)
+            return True
+        assert [out.request_id for out in engine.step(arrivals=Arrivals(added, delivered.extend))] == ["i"]
+        assert not delivered and engine.num_joined == 0 and [s.request_id for s in engine.scheduler.waiting] == ["new"]
+        while engine.has_work():
+            engine.step()
+        assert_no_leak(engine)
+
+
+def test_the_async_engine_prefills_an_arrival_inside_the_step_in_flight_and_holds_an_abort_for_its_end():
+    engine, ps = make_engine(), prompts(3, seed=37)
+    alone = outputs(make_engine(), {"new": (ps[2], greedy(3), 0)})[0]["new"]
+    layer, pause = engine.runner.model.layers[0], threading.Event()
+    in_step, go, forward = threading.Event(), threading.Event(), engine.runner.model.layers[0].forward
+
+    def paused(*args):
+        if pause.is_set():
+            pause.clear()
+            in_step.set()
+            go.wait(30)
+        return forward(*args)
+    layer.forward = paused
+
+    async def main() -> list[int]:
+        async_engine = AsyncEngine(engine)
+        async_engine.start()
+        try:
+            running = async_engine.generate("running", ps[0], greedy(40))
+            victim = async_engine.generate("victim", ps[1], greedy(400))  # it cannot end by itself in this test
+            await anext(running), await anext(victim)
+            pause.set()
+            await asyncio.to_thread(in_step.wait, 30)  # a decode step of both is inside its first layer
+            new = asyncio.create_task(collect(async_engine.generate("new", ps[2], greedy(3))))
+            await asyncio.sleep(0.1)  # its request is in the inbox
+            await victim.aclose()  # and the abort behind it
+            go.set()
+            tokens = await new
+            await collect(running)
+            return tokens
+        finally:
+            await async_engine.stop()
+
+    async def collect(stream) -> list[int]:
+        return [t async for out in stream for t in out.token_ids]
+    assert asyncio.run(main()) == alone
+    assert engine.num_joined == 1 and not engine.seqs
+    assert_no_leak(engine)
