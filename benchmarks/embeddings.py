@@ -120,11 +120,13 @@ def http(url: str, model: str):
     return embed
 
 
-def started_server(command: list[str], ready_url: str, env: dict, log: str, timeout_s: float = 180) -> subprocess.Popen:
-    """The server's output goes to benchmarks/.venvs/<log>.log (ignored by git)."""
+def started_server(command: list[str], ready_url: str, env: dict, log: str, timeout_s: float = 180,
+                   cwd: Path = ROOT) -> subprocess.Popen:
+    """The server's output goes to benchmarks/.venvs/<log>.log (ignored by git); cwd: where it runs (`python -m`
+    imports inferd from there first)."""
     logs = ROOT / "benchmarks" / ".venvs"
     logs.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(command, env=os.environ | env, cwd=ROOT, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command, env=os.environ | env, cwd=cwd, stdout=subprocess.DEVNULL,
                             stderr=open(logs / f"{log}.log", "w"))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:

@@ -401,7 +401,9 @@ async def isolation_run(url: str, a: str, b: str, b_flood: str, args: argparse.N
         out["flood"][name] = {"ttft_median_ms": round(statistics.median(flood[name]) * 1000, 1),
                               "ttft_p90_ms": quantile_ms(flood[name], 0.9),
                               "ratio_median": round(statistics.median(flood[name]) / alone, 3),
-                              "flooder_statuses": flood[f"{name}_statuses"]}
+                              "flooder_statuses": flood[f"{name}_statuses"].get("statuses"),
+                              "flooder_answers_per_s": round(flood[f"{name}_statuses"].get(
+                                  "answers_per_s_while_measured") or 0, 2)}
     return out
 
 
@@ -445,12 +447,16 @@ def flood_process(url: str, key: str, workers: str, counts_path: str) -> None:
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(int(workers))]
     for t in threads:
         t.start()
+    steady = None  # (when, answers then)
     while not stop.wait(0.2):
-        if sum(statuses.values()) >= int(workers) and not Path(counts_path).read_text():
+        if steady is None and sum(statuses.values()) >= int(workers):
+            steady = time.monotonic(), statuses.get("200", 0)
             Path(counts_path).write_text("{}")  # in its steady state: measure now
+    ended = time.monotonic(), statuses.get("200", 0)
     for t in threads:
         t.join()
-    Path(counts_path).write_text(json.dumps(statuses))
+    rate = (ended[1] - steady[1]) / (ended[0] - steady[0]) if steady else None
+    Path(counts_path).write_text(json.dumps({"statuses": statuses, "answers_per_s_while_measured": rate}))
 
 
 def isolation(args: argparse.Namespace) -> dict:
@@ -571,13 +577,14 @@ def markdown(r: dict) -> str:
                   f"Flood: tenant A's TTFT (a short prompt, 1 token, {x['settings']['ttft_samples']} sequential "
                   f"requests) alone: {fl['ttft_alone_median_ms']} ms median (p90 {fl['ttft_alone_p90_ms']}). With "
                   f"the flooding tenant (max_concurrency {fl['flood_cap']}, 32-token answers) in another process:", "",
-                  "| flooder | A's TTFT median ms | p90 ms | ratio to alone (goal at most 1.10) | flooder's statuses |",
-                  "| --- | --- | --- | --- | --- |"]
+                  "| flooder | A's TTFT median ms | p90 ms | ratio to alone (goal at most 1.10) | flooder's statuses | "
+                  "flooder's answers/s |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for name, what in (("at_cap_only", f"{fl['flood_cap']} clients (at its cap, none refused)"),
                            ("at_cap_and_refused", f"{fl['flood_workers']} clients (at its cap, the rest refused)")):
             y = fl[name]
             lines.append(f"| {what} | {y['ttft_median_ms']} | {y['ttft_p90_ms']} | **{y['ratio_median']}** | "
-                         f"{y['flooder_statuses']} |")
+                         f"{y['flooder_statuses']} | {y.get('flooder_answers_per_s', '')} |")
         lines.append("")
     return "\n".join(lines)
 
