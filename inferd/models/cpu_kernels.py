@@ -267,6 +267,10 @@ def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) ->
 class TorchKernels:
     """The ops in plain torch, with the C++ ops' signatures."""
 
+    # the last rotation made (positions, cos, its [T, 1, hd/2] complex factors): every layer of a forward passes
+    # the same positions tensor, so the rotation is made once per forward, not once per layer
+    _rotation: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
     @staticmethod
     def rms_norm(x, w, eps):
         return F.rms_norm(x, (x.shape[-1],), w, eps)
@@ -281,12 +285,17 @@ class TorchKernels:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    @staticmethod
-    def rope_cache(qkv, cos, sin, positions, k_cache, v_cache, slots, heads, kv_heads):
+    @classmethod
+    def rope_cache(cls, qkv, cos, sin, positions, k_cache, v_cache, slots, heads, kv_heads):
         hd = k_cache.shape[-1]
         qk = qkv[:, :(heads + kv_heads) * hd].view(-1, heads + kv_heads, hd)
         pairs = torch.view_as_complex(qk.float().reshape(*qk.shape[:-1], -1, 2))
-        cis = torch.complex(cos[positions], sin[positions]).unsqueeze(1)  # [T, 1, hd/2]
+        last = cls._rotation  # read once: another engine's thread may replace it
+        if last is not None and last[0] is positions and last[1] is cos:
+            cis = last[2]
+        else:
+            cis = torch.complex(cos[positions], sin[positions]).unsqueeze(1)
+            cls._rotation = (positions, cos, cis)
         q, k = torch.view_as_real(pairs * cis).flatten(-2).to(qkv.dtype).split([heads, kv_heads], dim=1)
         k_cache.index_copy_(0, slots, k)
         v_cache.index_copy_(0, slots, qkv[:, (heads + kv_heads) * hd:].view(-1, kv_heads, hd))
