@@ -25,6 +25,7 @@ from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine, resolve_dtype
 from inferd.engine.request import SamplingParams
 from inferd.models.loader import load_model
+from benchmarks import limits
 
 PROMPT_LEN, NEW_TOKENS, PREFILL_LEN = 128, 128, 1024
 
@@ -193,10 +194,39 @@ def main() -> None:
         else:
             result["transformers"][name.removeprefix("transformers ")] = row
     result["machine"]["load_average_after"] = _loadavg()
+    result["limits"] = limits.machine_limits({e.dtype for e in engines.values()})
+    for name, engine in engines.items():
+        result["inferd"][name]["share_of_limit"] = shares(result["inferd"][name], engine, result["limits"])
     print(_table(result))
+    print(_share_table(result))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def shares(row: dict, engine: LLMEngine, machine: dict) -> dict:
+    """Each figure of row as a share of this machine's limits (benchmarks/limits.py)."""
+    net, kv = engine.runner.model, engine.runner.kv_cache.element_size()
+    out = {"prefill": limits.share(limits.prefill_cost(net, PREFILL_LEN),
+                                   PREFILL_LEN / row["prefill"]["median_tok_s"], machine, engine.dtype)}
+    for b, d in row["decode"].items():
+        cost = limits.decode_step_cost(net, int(b), PROMPT_LEN + NEW_TOKENS // 2, kv)  # the decode's mean context
+        out[f"decode B={b}"] = limits.share(cost, int(b) / d["median_tok_s"], machine, engine.dtype) | {
+            "bytes_per_step_mb": round(cost["bytes"] / 1e6, 1), "gflop_per_step": round(cost["flop"] / 1e9, 2)}
+    return out
+
+
+def _share_table(r: dict) -> str:
+    m = r["limits"]
+    peaks = ", ".join(f"{d} {v:,.0f} GFLOP/s" for d, v in m["matmul_peak_gflop_s"].items())
+    rows = [f"Share of this machine's limit (read bandwidth {m['read_bandwidth_gb_s']} GB/s; matmul peaks {peaks}): "
+            "max(memory, compute), the bound in brackets", "",
+            "| share of limit | " + " | ".join(f"inferd {f}" for f in r["inferd"]) + " |",
+            "|---" * (len(r["inferd"]) + 1) + "|"]
+    for what in r["inferd"][next(iter(r["inferd"]))]["share_of_limit"]:
+        cells = [r["inferd"][f]["share_of_limit"][what] for f in r["inferd"]]
+        rows.append(f"| {what} | " + " | ".join(f"{c['of_limit']:.0%} ({c['bound']})" for c in cells) + " |")
+    return "\n".join(rows)
 
 
 def _table(r: dict) -> str:
