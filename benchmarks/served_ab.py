@@ -3,8 +3,8 @@ replica) started from each tree in turn, then `inferd bench run` from this one w
 (chat, 256 in / 64 out, streamed) at fixed Poisson rates. The trees take turns at every rate and repeat, so a
 change of the machine's speed falls on both; each figure is the median of the repeats.
 
-    git worktree add /tmp/before <commit>
-    PYTHONPATH=. .venv/bin/python benchmarks/served_ab.py --tree before=/tmp/before --tree after=. \\
+    git worktree add ../inferd-before <commit>
+    PYTHONPATH=. .venv/bin/python benchmarks/served_ab.py --tree before=../inferd-before --tree after=. \\
         --rates 0.4,0.7 --out benchmarks/results/served-ab.json
 """
 import argparse
