@@ -37,6 +37,7 @@ class EngineStats:
     prefix_cache_hit_tokens: int
     prefix_cache_evictions: int
     spec: SpecStats | None = None  # speculative decoding, when on
+    num_nested_prefills: int = 0  # prompts prefilled inside a step in flight (LLMEngine.step's arrivals)
 
 
 # inbox messages: event loop -> engine thread
@@ -110,10 +111,10 @@ class AsyncEngine:
             await asyncio.to_thread(self._thread.join)
 
     def stats(self) -> EngineStats:
-        s, b = self.engine.scheduler, self.engine.blocks
+        e, s, b = self.engine, self.engine.scheduler, self.engine.blocks
         return EngineStats(len(s.running), len(s.waiting), b.num_used_blocks, b.num_blocks, s.num_preemptions,
                            b.num_query_tokens, b.num_hit_tokens, b.num_evictions,
-                           self.engine.speculator.stats if self.engine.speculator else None)
+                           e.speculator.stats if e.speculator else None, e.num_nested_prefills)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        cache_namespace: str = "default", priority: int = 0) -> AsyncIterator[RequestOutput]:

@@ -95,7 +95,7 @@ class LLMEngine:
         self.masker = GrammarMasker(self.grammars, mc.vocab_size)
         self.seqs: dict[str, Sequence] = {}
         self.num_interrupted_steps = 0  # lower-class steps given up for a better request (step's outranked)
-        self.num_joined = 0  # sequences prefilled inside a step in flight (step's arrivals)
+        self.num_nested_prefills = 0  # sequences prefilled inside a step in flight (step's arrivals)
         spec = SpecConfig(config.num_speculative_tokens)
         proposer = self._draft_model(draft) if config.speculative_model else None
         self.speculator = Speculator(spec, self.blocks, self.max_model_len, proposer) if spec.num_draft_tokens else None
@@ -215,7 +215,7 @@ class LLMEngine:
                 nested = self.scheduler.join(budget, best)
                 if nested.seqs:
                     budget -= nested.num_tokens
-                    self.num_joined += len(nested.seqs)
+                    self.num_nested_prefills += len(nested.seqs)
                     arrivals.deliver(self.run_batch(nested))
                     torch.set_num_threads(threads)
         try:

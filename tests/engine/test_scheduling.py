@@ -195,7 +195,7 @@ def test_prompts_that_arrive_mid_step_are_prefilled_there_at_any_layer_and_chang
         stepped = engine.step(arrivals=Arrivals(added, nested.extend))
         assert [out.request_id for out in nested] == ["r2", "r3"]  # r4 has prompt left
         assert [out.request_id for out in stepped] == ["r0", "r1"]
-        assert engine.num_joined == 3 and len(asked) == layer + 1  # then the step's budget is spent
+        assert engine.num_nested_prefills == 3 and len(asked) == layer + 1  # then the step's budget is spent
         for out in nested + stepped:
             tokens[out.request_id] += out.token_ids
         while engine.has_work():
@@ -219,7 +219,8 @@ def test_a_worse_class_or_a_grammar_does_not_join_a_step():
             engine.add_request("new", ps[1], params, priority=priority)
             return True
         assert [out.request_id for out in engine.step(arrivals=Arrivals(added, delivered.extend))] == ["i"]
-        assert not delivered and engine.num_joined == 0 and [s.request_id for s in engine.scheduler.waiting] == ["new"]
+        assert not delivered and engine.num_nested_prefills == 0
+        assert [s.request_id for s in engine.scheduler.waiting] == ["new"]
         while engine.has_work():
             engine.step()
         assert_no_leak(engine)
@@ -245,7 +246,8 @@ def test_the_async_engine_prefills_an_arrival_inside_the_step_in_flight_and_hold
         try:
             running = async_engine.generate("running", ps[0], greedy(40))
             victim = async_engine.generate("victim", ps[1], greedy(400))  # it cannot end by itself in this test
-            await anext(running), await anext(victim)
+            await anext(running), await anext(victim)  # victim may itself be prefilled inside running's step
+            nested = engine.num_nested_prefills
             pause.set()
             await asyncio.to_thread(in_step.wait, 30)  # a decode step of both is inside its first layer
             new = asyncio.create_task(collect(async_engine.generate("new", ps[2], greedy(3))))
@@ -253,6 +255,7 @@ def test_the_async_engine_prefills_an_arrival_inside_the_step_in_flight_and_hold
             await victim.aclose()  # and the abort behind it
             go.set()
             tokens = await new
+            assert engine.num_nested_prefills == nested + 1
             await collect(running)
             return tokens
         finally:
@@ -261,5 +264,5 @@ def test_the_async_engine_prefills_an_arrival_inside_the_step_in_flight_and_hold
     async def collect(stream) -> list[int]:
         return [t async for out in stream for t in out.token_ids]
     assert asyncio.run(main()) == alone
-    assert engine.num_joined == 1 and not engine.seqs
+    assert not engine.seqs
     assert_no_leak(engine)

@@ -275,6 +275,16 @@ def test_metrics_move(url, client, model):
     assert after["inferd_kv_cache_blocks_total"] > 0
 
 
+def test_prompts_that_arrive_while_a_stream_decodes_are_prefilled_inside_its_steps(url, client, model):
+    before = metrics(url).get("inferd_nested_prefills_total", 0)
+    stream = client.completions.create(model=model, prompt="Count slowly:", max_tokens=96, stream=True,
+                                       extra_body={"ignore_eos": True})
+    next(iter(stream))  # it decodes now: a step is nearly always in flight
+    answers = [client.completions.create(model=model, prompt=f"Say {i}", max_tokens=2) for i in range(3)]
+    assert sum(1 for _ in stream) > 0 and all(a.usage.completion_tokens for a in answers)
+    assert metrics(url)["inferd_nested_prefills_total"] >= before + 1  # three arrivals cannot all fall between steps
+
+
 def wait_idle(url: str, timeout_s: float = 5.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
