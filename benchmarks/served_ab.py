@@ -10,7 +10,6 @@ change of the machine's speed falls on both; each figure is the median of the re
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks.embeddings import ROOT, started_server, stopped
+from benchmarks.engine import _cpu_name
 from benchmarks.runtimes import default_model, figures, medians
 
 KEY = "sk-served-ab"
@@ -75,9 +75,9 @@ def main() -> None:
                     runs[label][str(rate)].append(row)
                     print(json.dumps({"tree": label, "rate": rate, "repeat": i, **row}), flush=True)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": platform.processor() or cpu_model(), "cores": os.cpu_count(),
+              "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(),
                           "note": args.machine_note},
-              "trees": {label: {"path_label": label, "commit": commits[label]} for label in trees},
+              "trees": commits,
               "settings": {k: v for k, v in vars(args).items() if k not in ("out", "tree")},
               "runs": runs,
               "medians": {label: {r: medians(rows) for r, rows in by_rate.items()} for label, by_rate in runs.items()}}
@@ -86,20 +86,13 @@ def main() -> None:
     print(markdown(result))
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def markdown(r: dict) -> str:
     labels = list(r["trees"])
     lines = [f"# Served A/B (`benchmarks/served_ab.py`, {r['date']})", "",
              f"Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores ({r['machine']['note']}). `inferd serve` "
              "(SmolLM2-135M, one replica), `inferd bench run`: chat 256 in / 64 out, Poisson arrivals, "
              f"{r['settings']['seconds']:g} s per run, medians of {r['settings']['repeats']} runs taking turns. "
-             "Trees: " + ", ".join(f"{k} = {v['commit']}" for k, v in r["trees"].items()) + ".", "",
+             "Trees: " + ", ".join(f"{k} = {v}" for k, v in r["trees"].items()) + ".", "",
              "| rate req/s | tree | output tok/s | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | TPOT p95 ms | goodput req/s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for rate in r["medians"][labels[0]]:
