@@ -21,7 +21,7 @@ from torch import nn
 from inferd.models.config import ModelConfig
 from inferd.models.int4 import Int4Linear
 from inferd.models.packed import PackedLinear
-from inferd.models.quant import Int8Linear
+from inferd.models.quant import Int8Linear, SmallRowsInt8
 
 
 def best_seconds(fn, repeats: int = 5) -> float:
@@ -62,6 +62,9 @@ def weight_bytes(net: nn.Module, rows: int) -> int:
                 total += m.packed.nbytes + m.scales.nbytes
             else:
                 total += m.in_features * m.out_features * 2  # its bf16 dense copy
+            return
+        if isinstance(m, SmallRowsInt8):
+            visit(m.int8 if rows <= m.max_rows else m.dense)
             return
         if isinstance(m, Int8Linear):
             total += m.weight.nbytes + m.scale.nbytes

@@ -3,9 +3,10 @@
 kernels: all 121 linears of the model (30 x qkv, o, gate_up, down + lm_head) at batch M, each candidate
 against the fp32 oneDNN prepacked path the engine uses, with the output error of each against fp32. bf16
 candidates (dense and int4) take bf16 activations, the others fp32.
-quality: the engine's model fp32 (reference) against int8, int4 (as the engine serves it: lm_head bf16, the
-kernel up to cpu.int4_max_rows rows and dense bf16 weights above, so the 432-token text and the 12 batched
-prompts run dense; then the kernel at every M; then lm_head 4-bit too) and bf16 (the dtype the issue named, for scale):
+quality: the engine's model fp32 (reference) against int8, int4 (as the engine serves it: the kernel up to
+cpu.int4_max_rows rows and dense bf16 weights above, lm_head int8 up to quant.HEAD_MAX_ROWS rows and bf16 above,
+so the 432-token text and the 12 batched prompts run dense; then the kernels and the int8 lm_head at every M;
+then lm_head 4-bit too) and bf16 (the dtype the issue named, for scale):
 logits on a fixed public-domain text (max abs diff, cosine, top-1 agreement, KL), its perplexity, and
 greedy continuations of fixed chat prompts compared token by token. W8A8 (fbgemm dynamic, activations
 quantized too) is measured beside weight-only int8 for comparison; the engine serves weight-only int8 only.
@@ -35,7 +36,7 @@ from inferd.models.llama import AttentionMetadata, LlamaForCausalLM, PrefillChun
 from inferd.models.loader import load_model
 from inferd.models.int4 import Int4Linear, int4_available
 from inferd.models.packed import PACK_FOR_BATCH
-from inferd.models.quant import Int8Linear, load_int8_kernel, quantize_int8
+from inferd.models.quant import Int8Linear, SmallRowsInt8, load_int8_kernel, quantize_int8
 
 # Public domain: the opening of Dickens, A Tale of Two Cities (1859), and of the US Declaration of
 # Independence (1776).
@@ -238,7 +239,7 @@ def quality(model, variants: dict[str, dict]) -> dict:
             lm_head = nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
             lm_head.weight = nn.Parameter(model.weights["model.embed_tokens.weight"].float(), requires_grad=False)
             engine.model.lm_head = Int4Linear(lm_head, engine.model.layers[0].mlp.down_proj.max_rows)
-        for layer in (m for m in engine.model.modules() if isinstance(m, Int4Linear) and int4_max_rows):
+        for layer in (m for m in engine.model.modules() if isinstance(m, (Int4Linear, SmallRowsInt8)) and int4_max_rows):
             layer.max_rows = int4_max_rows
         logits, tokens = all_logits(engine.model, ids), greedy(engine, prompts)
         if ref is None:

@@ -21,7 +21,7 @@ from inferd.models.int4 import int4_available, quantize_int4_linears
 from inferd.models.llama import LlamaForCausalLM, StepInterrupted
 from inferd.models.packed import pack_linears
 from inferd.models.cpu_kernels import kernels_for
-from inferd.models.quant import load_int8_kernel, quantize_linears
+from inferd.models.quant import Int8Linear, SmallRowsInt8, load_int8_kernel, quantize_linears
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +108,20 @@ class LLMEngine:
     def _network(self, model: LoadedModel) -> LlamaForCausalLM:
         net = LlamaForCausalLM(model.config, self.max_model_len)
         net.load_weights(model.weights)
+        head8 = None
         if self.quantization == "int4":  # from the float32 weights: a Q4_1 source's blocks come back exactly;
-            # lm_head (tied: the embedding, Q8_0 in the packaged file) stays bf16: 4-bit costs 3.3 % perplexity
+            # lm_head (tied: the embedding, Q8_0 in the packaged file) is not 4-bit: that costs 3.3 % perplexity.
+            # It runs int8 at a few rows (where the kernel builds), its dense bf16 copy above.
             quantize_int4_linears(net, int4_max_rows(), skip=("lm_head",))
+            if (kernel := load_int8_kernel()) is not None:
+                head8 = Int8Linear(net.lm_head, kernel)
         net = net.to(self.dtype).eval()
         if self.quantization == "int8":
             quantize_linears(net, load_int8_kernel())
         if self.config.pack_weights:
             pack_linears(net, self.dtype)
+        if head8 is not None:
+            net.lm_head = SmallRowsInt8(head8, net.lm_head)
         net.use_kernels(kernels_for(self.dtype, self.config.cpp_kernels))
         return net
 

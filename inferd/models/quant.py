@@ -315,3 +315,22 @@ def quantize_linears(model: nn.Module, kernel=None) -> int:
                 count += 1
     log.info("int8 weights for %d linears (%s)", count, "C++ kernel" if kernel else "torch _weight_int8pack_mm")
     return count
+
+
+# up to this many rows the int8 kernel beats oneDNN's prepacked bf16 product on SmolLM2's lm_head (49,152 x 576)
+# on an AVX-512 BF16 EPYC: 0.96 vs 3.1 ms at one row, 1.9 vs 2.5 at two, 2.1 vs 1.9 at four (benchmarks/cpu_kernels.py)
+HEAD_MAX_ROWS = 3
+
+
+class SmallRowsInt8(nn.Module):
+    """A linear kept twice: int8 (Int8Linear, the C++ kernel) for up to max_rows rows, where it reads half of
+    bf16's bytes and oneDNN's bf16 product is slow, and the dense module above. The engine's int4 model uses it
+    for lm_head, whose 4-bit weights cost too much perplexity (benchmarks/quantization.py)."""
+
+    def __init__(self, int8: Int8Linear, dense: nn.Module, max_rows: int = HEAD_MAX_ROWS):
+        super().__init__()
+        self.int8, self.dense, self.max_rows = int8, dense, max_rows
+        self.in_features, self.out_features = int8.in_features, int8.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.int8(x) if x.numel() <= self.max_rows * self.in_features else self.dense(x)

@@ -9,6 +9,7 @@ from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine, resolve_dtype, resolve_quantization
 from inferd.engine.request import SamplingParams
 from inferd.models.cpu import auto_quantization, has_native_bf16
+from inferd.models.quant import SmallRowsInt8, load_int8_kernel
 from inferd.models.int4 import (
     GROUP,
     Int4Linear,
@@ -114,6 +115,21 @@ def test_int4_engine_runs_and_agrees_with_fp32(dtype):
     assert e.dtype == (torch.bfloat16 if dtype == "auto" else torch.float32) and any(isinstance(m, Int4Linear) for m in e.model.modules())
     assert isinstance(e.model.lm_head, nn.Module) and not isinstance(e.model.lm_head, Int4Linear)
     assert sum(outputs[0][r][0] == outputs[1][r][0] for r in prompts) >= 8
+
+
+@pytest.mark.skipif(load_int8_kernel() is None, reason="no C++ toolchain or no AVX2 here")
+def test_int4_engine_head_is_int8_for_one_sequence_and_agrees_with_its_dense_copy():
+    model = tiny_loaded_model()
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    e = LLMEngine(model, EngineConfig(num_kv_blocks=64, block_size=4, quantization="int4"))
+    head = e.model.lm_head
+    assert isinstance(head, SmallRowsInt8) and head.max_rows >= 1
+    h = torch.randn(1, model.config.hidden_size).to(e.dtype)
+    torch.testing.assert_close(head(h).float(), head.dense(h).float(), atol=0.05, rtol=0.05)
+    one = run(e, {"one": (list(range(3, 15)), params)})[0]["one"]  # one sequence: the int8 head every step
+    head.max_rows = 0
+    dense = run(e, {"dense": (list(range(3, 15)), params)})[0]["dense"]
+    assert len(one) == 8 and one[:4] == dense[:4]
 
 
 def test_auto_dtype_follows_the_weight_format():

@@ -6,7 +6,7 @@ from torch import nn
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
-from inferd.models.quant import Int8Linear, dequantize_int8, load_int8_kernel, quantize_int8
+from inferd.models.quant import Int8Linear, SmallRowsInt8, dequantize_int8, load_int8_kernel, quantize_int8
 from tests.engine.test_engine import run
 from tests.tiny import tiny_loaded_model
 
@@ -81,3 +81,21 @@ def test_engine_greedy_with_int8_runs_and_mostly_agrees():
 def test_unknown_quantization_is_rejected():
     with pytest.raises(ValueError, match="quantization"):
         EngineConfig(quantization="int3")
+
+
+@needs_kernel
+def test_small_rows_int8_runs_int8_up_to_max_rows_and_the_dense_module_above():
+    linear = nn.Linear(64, 40, bias=False)
+    dense = nn.Linear(64, 40, bias=False, dtype=torch.bfloat16)
+    with torch.no_grad():
+        dense.weight.copy_(linear.weight)
+    head = SmallRowsInt8(Int8Linear(linear, load_int8_kernel()), dense, max_rows=3)
+    q, scale = quantize_int8(linear.weight)
+    for rows in (1, 3, 4):
+        x = torch.randn(rows, 64).to(torch.bfloat16)
+        y = head(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, 40)
+        if rows <= 3:  # the int8 weights, fp32 products, rounded once
+            torch.testing.assert_close(y, (x.float() @ (q.float() * scale[:, None]).t()).to(torch.bfloat16))
+        else:
+            torch.testing.assert_close(y, dense(x))
