@@ -1,6 +1,7 @@
 """The decoder's small ops at one SmolLM2 layer's shapes: the C++ kernels against their torch versions
 (inferd.models.cpu_kernels), and what the int4 and int8 linears add to their kernels at one row (int4 has a
-path for 2-D bf16 inputs without casts and reshapes; "general path" is a 3-D input).
+path for 2-D bf16 inputs without casts and reshapes; "general path" is a 3-D input), and the lm_head on int8
+against its bf16 copy by rows (inferd.models.quant.HEAD_MAX_ROWS).
 
 Microseconds per call, median of --repeats runs of --calls calls each, this process's torch threads.
 
@@ -19,9 +20,10 @@ from torch import nn
 from benchmarks.engine import _cpu_name
 from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
 from inferd.models.int4 import GROUP, Int4Linear, int4_available
+from inferd.models.packed import PackedLinear
 from inferd.models.quant import FUSED_MAX_M, Int8Linear, load_int8_kernel
 
-HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 576, 1536, 9, 3, 64, 16  # SmolLM2-135M
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM, BLOCK, VOCAB = 576, 1536, 9, 3, 64, 16, 49152  # SmolLM2-135M
 
 
 def per_call_us(fn, calls: int, repeats: int) -> float:
@@ -92,6 +94,13 @@ def main() -> None:
                                                                        l8.out_features, FUSED_MAX_M),
                                             args.calls, args.repeats),
                 "general path": per_call_us(lambda: l8(x.view(1, 1, HIDDEN)), args.calls, args.repeats)}
+            head = nn.Linear(HIDDEN, VOCAB, bias=False)  # lm_head: int8 against the bf16 copy, by rows (HEAD_MAX_ROWS)
+            h8, dense = Int8Linear(head, kernel), PackedLinear(head.to(torch.bfloat16))
+            for rows in (1, 2, 3, 4, 8):
+                x = torch.randn(rows, HIDDEN).to(torch.bfloat16)
+                result["linears_us"][f"lm_head {rows}x576 @ {VOCAB}"] = {
+                    "int8": per_call_us(lambda: h8(x), args.calls // 20, args.repeats),
+                    "bf16 prepacked": per_call_us(lambda: dense(x), args.calls // 20, args.repeats)}
         print(json.dumps(result["linears_us"], indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

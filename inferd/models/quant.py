@@ -318,7 +318,7 @@ def quantize_linears(model: nn.Module, kernel=None) -> int:
 
 
 # up to this many rows the int8 kernel beats oneDNN's prepacked bf16 product on SmolLM2's lm_head (49,152 x 576)
-# on an AVX-512 BF16 EPYC: 0.96 vs 3.1 ms at one row, 1.9 vs 2.5 at two, 2.1 vs 1.9 at four (benchmarks/cpu_kernels.py)
+# on an AVX-512 BF16 EPYC: 1.0 vs 2.7 ms at one row, 1.3 vs 2.3 at three, even at four (results/cpu-kernels.json)
 HEAD_MAX_ROWS = 3
 
 
