@@ -6,6 +6,8 @@ Prefill: one 1,024-token prompt, tokens / time to its first token.
 transformers runs its own KV cache (DynamicCache) in a manual loop, prefill with logits_to_keep=1.
 inferd runs each of --formats (dtype:quantization), the same process and weights; every inferd format and
 transformers dtype takes its turn in each repeat (round by round), so a shared machine's drift hits all alike.
+Each figure is also a share of this machine's limits (benchmarks/limits.py), measured after every round and
+taken as their medians.
 
     python benchmarks/engine.py --out benchmarks/results/engine.json
     python benchmarks/engine.py --formats bfloat16:none,float32:none,float32:int8,auto:int4,auto:auto \
@@ -134,15 +136,17 @@ def inferd_engine(model, spec: str, batches: list[int]) -> tuple[str, LLMEngine]
     return label + (" torch ops" if ops == "torch" else ""), engine
 
 
-def interleaved(targets: dict, what: str, fn, repeats: dict[str, int]) -> dict[str, dict]:
+def interleaved(targets: dict, what: str, fn, repeats: dict[str, int], each_round=None) -> dict[str, dict]:
     """fn(target) for every target in turn, repeats[name] times each, round by round: the shared machine's
-    drift hits all targets alike."""
+    drift hits all targets alike; each_round() after every round."""
     runs = {name: [] for name in targets}
     for round_ in range(max(repeats.values())):
         for name, target in targets.items():
             if round_ < repeats[name]:
                 runs[name].append(fn(target))
                 _log(f"{name} {what}: {runs[name][-1]:.1f} tok/s")
+        if each_round is not None:
+            each_round()
     return {name: {"median_tok_s": round(statistics.median(r), 1), "runs_tok_s": [round(x, 1) for x in r]}
             for name, r in runs.items()}
 
@@ -181,10 +185,15 @@ def main() -> None:
     targets = {f"inferd {k}": ("inferd", e) for k, e in engines.items()}
     targets |= {f"transformers {k}": ("hf", m) for k, (m, _) in peers.items()}
     repeats = {name: args.repeats for name in targets} | {f"transformers {k}": n for k, (_, n) in peers.items()}
+    limit_runs = []  # the machine's limits after every round: its speed drifts within a run
+
+    def measure_limits():
+        limit_runs.append(limits.machine_limits({e.dtype for e in engines.values()}))
+        _log(f"limits: {limit_runs[-1]}")
     prefill = interleaved(targets, "prefill", lambda t: inferd_prefill(t[1]) if t[0] == "inferd" else hf_prefill(t[1]),
-                          repeats)
+                          repeats, measure_limits)
     decode = {b: interleaved(targets, f"B={b}", lambda t, b=b: inferd_decode(t[1], b) if t[0] == "inferd"
-                             else hf_decode(t[1], b), repeats) for b in batches}
+                             else hf_decode(t[1], b), repeats, measure_limits) for b in batches}
     for name, (kind, target) in targets.items():
         row = {"prefill": prefill[name], "decode": {str(b): decode[b][name] for b in batches}}
         if kind == "inferd":
@@ -194,7 +203,8 @@ def main() -> None:
         else:
             result["transformers"][name.removeprefix("transformers ")] = row
     result["machine"]["load_average_after"] = _loadavg()
-    result["limits"] = limits.machine_limits({e.dtype for e in engines.values()})
+    result["limits_runs"] = limit_runs
+    result["limits"] = limits.median_limits(limit_runs)
     for name, engine in engines.items():
         result["inferd"][name]["share_of_limit"] = shares(result["inferd"][name], engine, result["limits"])
     print(_table(result))

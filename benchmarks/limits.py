@@ -13,6 +13,7 @@ above 1 then say so, not a fault of the measure).
     PYTHONPATH=. .venv/bin/python benchmarks/limits.py  # prints this machine's limits
 """
 import json
+import statistics
 import time
 
 import torch
@@ -49,6 +50,14 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048) -> float:
 def machine_limits(dtypes: set[torch.dtype]) -> dict:
     return {"read_bandwidth_gb_s": round(read_bandwidth() / 1e9, 2),
             "matmul_peak_gflop_s": {str(d).removeprefix("torch."): round(matmul_peak(d) / 1e9, 1) for d in dtypes}}
+
+
+def median_limits(runs: list[dict]) -> dict:
+    """The median of each limit over several measures of machine_limits."""
+    peaks = runs[0]["matmul_peak_gflop_s"]
+    return {"read_bandwidth_gb_s": statistics.median(r["read_bandwidth_gb_s"] for r in runs),
+            "matmul_peak_gflop_s": {d: statistics.median(r["matmul_peak_gflop_s"][d] for r in runs) for d in peaks},
+            "measures": len(runs)}
 
 
 def weight_bytes(net: nn.Module, rows: int) -> int:

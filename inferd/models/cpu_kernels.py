@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import platform
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -337,9 +338,10 @@ def load_cpp_kernels():
 
 
 def _cpu_tag() -> str:
-    """Part of the build's cache key: a -march=native build must not be loaded on another CPU."""
+    """Part of the build's cache key: a -march=native build must not be loaded on another CPU, and each Python
+    environment has its own build (two venvs' include paths differ, so each would rebuild over the other's)."""
     try:
         flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = platform.processor()
-    return hashlib.sha256(flags.encode()).hexdigest()[:10]
+    return hashlib.sha256(f"{flags}\n{sys.prefix}".encode()).hexdigest()[:10]
