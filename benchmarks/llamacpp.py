@@ -125,7 +125,8 @@ def inferd_results(model, dtype: str, quantization: str, batches: list[int], rep
 
     engine = LLMEngine(model, EngineConfig(dtype=dtype, quantization=quantization, max_num_seqs=max(batches),
                                            max_num_batched_tokens=max(batches) * PROMPT_LEN, kv_cache_gib=2.0,
-                                           num_threads=threads, enable_prefix_caching=False))
+                                           num_threads=threads, small_step_threads=threads,  # llama.cpp's threads
+                                           enable_prefix_caching=False))                   # at every batch size
     out = {"dtype": dtype, "quantization": quantization, "decode": {}}
     out["prefill"] = median_of(lambda: inferd_prefill(engine), repeats)
     for b in batches:
