@@ -156,7 +156,8 @@ def main() -> None:
     formats = args.formats.split(",")
     model = load_model(None, progress=False)
     vocab = model.config.vocab_size
-    work = Path(tempfile.mkdtemp(prefix="served-decode-"))
+    work = Path(tempfile.mkdtemp(prefix="served-decode-"))  # kept: the servers' logs
+    print(f"deployments and logs in {work}", file=sys.stderr, flush=True)
     procs: list = []
     targets: list = []
     try:
