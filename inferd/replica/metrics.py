@@ -24,6 +24,7 @@ class EngineStatsLike(Protocol):
     prefix_cache_query_tokens: int
     prefix_cache_hit_tokens: int
     prefix_cache_evictions: int
+    num_nested_prefills: int
 
 
 StatsSource = Callable[[], EngineStatsLike]
@@ -53,10 +54,8 @@ class EngineCollector:
                                   "computed).", s.prefix_cache_hit_tokens)
         yield CounterMetricFamily("inferd_prefix_cache_evictions", "Cached KV blocks evicted for reuse.",
                                   s.prefix_cache_evictions)
-        nested = getattr(s, "num_nested_prefills", None)
-        if nested is not None:
-            yield CounterMetricFamily("inferd_nested_prefills", "Prompts that arrived while a step ran and were "
-                                      "prefilled between its layers.", nested)
+        yield CounterMetricFamily("inferd_nested_prefills", "Prompts that arrived while a step ran and were "
+                                  "prefilled between its layers.", s.num_nested_prefills)
         spec = getattr(s, "spec", None)
         if spec is not None:
             yield from _spec_metrics(spec)
