@@ -1,0 +1,66 @@
+"""Decode with the KV cache on 4 KiB pages against the same cache on 2 MiB pages (inferd.engine.model_runner.
+zeros_on_huge_pages), two engines taking turns in one run; benchmarks/engine.py's workload.
+
+    PYTHONPATH=. python benchmarks/kv_huge_pages.py --out benchmarks/results/kv-huge-pages-zen4.json
+"""
+import argparse
+import json
+import statistics
+from datetime import datetime, timezone
+
+import torch
+
+from benchmarks.engine import _cpu_name, _log, inferd_decode, inferd_engine
+from inferd.engine.model_runner import zeros_on_huge_pages
+from inferd.models.loader import load_model
+
+
+def anon_huge_mb() -> float:
+    """This process's memory on transparent huge pages, MB."""
+    line = next(line for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages"))
+    return int(line.split()[1]) / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--format", default="auto:none")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    model = load_model(None, progress=False)
+    engines = {}
+    for pages in ("4 KiB", "2 MiB"):
+        label, engine = inferd_engine(model, args.format, batches)
+        cache = engine.runner.kv_cache
+        before = anon_huge_mb()
+        new = zeros_on_huge_pages(tuple(cache.shape), cache.dtype) if pages == "2 MiB" else \
+            torch.zeros(cache.shape, dtype=cache.dtype)  # both fresh: neither has had its pages reused
+        engine.runner.kv_cache = new
+        _log(f"{pages}: {cache.nbytes / 2**20:.0f} MiB cache, huge pages +{anon_huge_mb() - before:.0f} MB")
+        engines[pages] = engine
+    runs = {}
+    for _ in range(args.repeats):
+        for b in batches:
+            for pages, engine in engines.items():
+                runs.setdefault((pages, b), []).append(inferd_decode(engine, b))
+                _log(f"{pages} B={b}: {runs[pages, b][-1]:.1f} tok/s")
+    rows = [{"batch": b, **{pages: {"median_tok_s": round(statistics.median(runs[pages, b]), 1),
+                                    "runs_tok_s": [round(x, 1) for x in runs[pages, b]]} for pages in engines},
+             "ratio": round(statistics.median(runs["2 MiB", b]) / statistics.median(runs["4 KiB", b]), 3)}
+            for b in batches]
+    lines = ["| B | 4 KiB pages tok/s | 2 MiB pages tok/s | ratio |", "|---:|---:|---:|---:|"]
+    lines += [f"| {r['batch']} | {r['4 KiB']['median_tok_s']} | {r['2 MiB']['median_tok_s']} | {r['ratio']:.2f}x |"
+              for r in rows]
+    print("\n".join(lines))
+    if args.out:
+        result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "format": label,
+                  "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__},
+                  "huge_pages_mb": anon_huge_mb(), "rows": rows}
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
