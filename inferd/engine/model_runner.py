@@ -23,8 +23,8 @@ MADV_HUGEPAGE = 14
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """torch.zeros, with Linux asked to back it with 2 MiB pages where it allows them (transparent huge pages
     in madvise mode, the usual default): decode attention reads K/V blocks scattered over the whole cache, a
-    16-token block spanning one or two 4 KiB pages (benchmarks/kv_huge_pages.py: 1.07x decode at B=32, even at
-    B=1). Like torch.zeros it touches every page at once. Elsewhere, or where the kernel refuses: plain pages."""
+    16-token block spanning one or two 4 KiB pages (benchmarks/kv_huge_pages.py: 1.07x decode at B=32, 1.00x
+    at B=1). Like torch.zeros it touches every page at once. Elsewhere, or where the kernel refuses: plain pages."""
     t = torch.empty(shape, dtype=dtype)
     start = -(-t.data_ptr() // HUGE_PAGE) * HUGE_PAGE  # the whole huge pages inside the tensor, before any is touched
     end = (t.data_ptr() + t.nbytes) // HUGE_PAGE * HUGE_PAGE
