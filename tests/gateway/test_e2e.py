@@ -160,7 +160,12 @@ def test_full_queue_503_tenant_share_429_and_deadlines(server, url):
                                                                     ignore_eos=True))) for _ in range(30)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    # the flood's refusals come back at once: then its queue is full, and no flood request has finished
+    # (each makes 24 tokens); a fixed sleep here raced a fast engine that had freed a place within it
+    t0 = time.monotonic()
+    while sum(r.status_code == 503 for r in results) < 30 - MAX_INFLIGHT - MAX_QUEUE_LEN:
+        assert time.monotonic() - t0 < 30, "the flood was not refused"
+        time.sleep(0.01)
     expired = chat(url, API_KEY, headers={"x-inferd-deadline-ms": "300"})
     for t in threads:
         t.join()
@@ -182,7 +187,8 @@ def test_a_deadline_that_passes_in_the_queue_expires_the_request(server, url):
     key = new_tenant_key(server[1], name, "--deadline-ms", "400")
     flood_key = new_tenant_key(server[1], unique("busy"), "--queue-share", "1.0")
     with ThreadPoolExecutor(12) as pool:
-        busy = [pool.submit(chat, url, flood_key, max_tokens=32, ignore_eos=True) for _ in range(10)]
+        # 128 tokens each: no place frees within the deadline, however fast the engine
+        busy = [pool.submit(chat, url, flood_key, max_tokens=128, ignore_eos=True) for _ in range(10)]
         time.sleep(0.5)
         r = chat(url, key)  # its tenant's default deadline
         [f.result() for f in busy]
