@@ -1,5 +1,3 @@
-import ctypes
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,23 +12,6 @@ from inferd.models.llama import AttentionMetadata, LlamaForCausalLM, PrefillChun
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * dtype.itemsize
-
-
-HUGE_PAGE = 2 << 20
-MADV_HUGEPAGE = 14
-
-
-def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """torch.zeros, with Linux asked to back it with 2 MiB pages where it allows them (transparent huge pages
-    in madvise mode, the usual default): decode attention reads K/V blocks scattered over the whole cache, a
-    16-token block spanning one or two 4 KiB pages (benchmarks/kv_huge_pages.py: 1.07x decode at B=32, 1.00x
-    at B=1). Like torch.zeros it touches every page at once. Elsewhere, or where the kernel refuses: plain pages."""
-    t = torch.empty(shape, dtype=dtype)
-    start = -(-t.data_ptr() // HUGE_PAGE) * HUGE_PAGE  # the whole huge pages inside the tensor, before any is touched
-    end = (t.data_ptr() + t.nbytes) // HUGE_PAGE * HUGE_PAGE
-    if sys.platform == "linux" and end > start:
-        ctypes.CDLL(None).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_HUGEPAGE)
-    return t.zero_()
 
 
 @dataclass(slots=True)
@@ -55,7 +36,7 @@ class ModelRunner:
         self.blocks = blocks
         num_slots = blocks.num_blocks * blocks.block_size
         if kv_cache is None:
-            kv_cache = zeros_on_huge_pages((c.num_layers, 2, num_slots, c.num_kv_heads, c.head_dim), dtype)
+            kv_cache = torch.zeros(c.num_layers, 2, num_slots, c.num_kv_heads, c.head_dim, dtype=dtype)
         assert kv_cache.shape == (c.num_layers, 2, num_slots, c.num_kv_heads, c.head_dim)
         self.kv_cache = kv_cache
 
