@@ -13,6 +13,10 @@ weight reads. Here each of these is one call:
 - `paged_decode(q, k_cache, v_cache, block_tables, context_lens, block_size, scale)`: decode attention
   read straight from the cache blocks, one (sequence, KV head) per task, all query heads of its group
   together, K and V read once (the torch path gathers a padded copy of every context, then runs SDPA).
+  Its loops are written on this CPU's vectors (AVX-512 or AVX2, chosen when it is built; scalar loops
+  elsewhere and for a head_dim that is not a multiple of the width), the next block's keys and this one's
+  values prefetched: 3.7-3.8x its plain-loop version in bf16 at batch 8-64, 2.1-2.6x in fp32, with K/V
+  from memory (benchmarks/paged_decode.py).
 
 Every op computes in float32 and rounds once to the tensor's dtype. `TorchKernels` is the same ops in
 torch: the reference the C++ ones are tested against (tests/engine/test_cpu_kernels.py), and the path
@@ -179,6 +183,197 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   return q;
 }
 
+// Decode attention's inner loops on whole vectors of this CPU (AVX-512: 16 floats, AVX2: 8), where head_dim is a
+// multiple of the width: each K or V row is loaded and widened to float32 once for the query heads of its group
+// (up to 4 at a time, their q and accumulators in registers), softmax's exp is a polynomial on whole vectors.
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define INFERD_VEC 16
+using vec = __m512;
+static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline vec vload(const bf16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+static inline vec vset(float x) { return _mm512_set1_ps(x); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
+static inline float vhmax(vec a) { return _mm512_reduce_max_ps(a); }
+static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vpow2i(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p 2^n
+static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define INFERD_VEC 8
+using vec = __m256;
+static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline vec vload(const bf16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+static inline vec vset(float x) { return _mm256_set1_ps(x); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline float vsum(vec a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float vhmax(vec a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vpow2i(vec p, vec n) {  // p 2^n for integral n >= -126 (exp's argument is clamped above that)
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
+#endif
+
+#ifdef INFERD_VEC
+constexpr int W = INFERD_VEC;
+
+// e^x for x <= 0: 2^(x log2 e) = 2^n 2^f with n the nearest integer, |f| <= 1/2, 2^f by its Taylor series to
+// degree 6 (relative error below 2e-7); arguments below -87 give e^-87, whose weight is nil beside the max's 1
+static inline vec vexp(vec x) {
+  const vec t = vmul(vmax(x, vset(-87.f)), vset(1.44269504f)), n = vround(t), f = vsub(t, n);
+  vec p = vset(1.5403530e-4f);
+  p = vfma(p, f, vset(1.3333558e-3f)); p = vfma(p, f, vset(9.6181291e-3f)); p = vfma(p, f, vset(5.5504109e-2f));
+  p = vfma(p, f, vset(2.4022651e-1f)); p = vfma(p, f, vset(6.9314718e-1f)); p = vfma(p, f, vset(1.f));
+  return vpow2i(p, n);
+}
+
+template <size_t BYTES, int HINT> static inline void prefetch(const void* p) {
+  for (size_t b = 0; b < BYTES; b += 64) _mm_prefetch((const char*)p + b, (_mm_hint)HINT);
+}
+
+// the scores of GT query heads (q: their rows, float32, scaled) against one sequence's keys, for one KV head:
+// s[g * stride + t]
+template <int C, int GT, typename T>
+static void qk_tile(const float* q, int64_t hd, const T* cache, const T* vcache, const int64_t* blocks,
+                    int64_t block_size, int64_t row, int64_t len, float* s, int64_t stride) {
+  vec qv[GT][C];
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < C; ++c) qv[g][c] = vload(q + g * hd + c * W);
+  for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+    const T* block = cache + blocks[t0 / block_size] * block_size * row;
+    const int64_t n = std::min(block_size, len - t0);
+    // a head's row is hd * sizeof(T) bytes of every KVH times as many, in blocks anywhere: the next block's keys are
+    // fetched ahead, and this one's values into L2 for pv_tile
+    const T* next = t0 + block_size < len ? cache + blocks[t0 / block_size + 1] * block_size * row : nullptr;
+    const T* values = vcache + blocks[t0 / block_size] * block_size * row;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* k = block + i * row;
+      if (next) prefetch<C * W * sizeof(T), _MM_HINT_T0>(next + i * row);
+      prefetch<C * W * sizeof(T), _MM_HINT_T1>(values + i * row);
+      vec kv[C];
+      for (int c = 0; c < C; ++c) kv[c] = vload(k + c * W);
+      for (int g = 0; g < GT; ++g) {
+        vec acc = vmul(qv[g][0], kv[0]);
+        for (int c = 1; c < C; ++c) acc = vfma(qv[g][c], kv[c], acc);
+        s[g * stride + t0 + i] = vsum(acc);
+      }
+    }
+  }
+}
+
+// out[g] = sum_t p[g * stride + t] v_t for GT query heads, then times inv[g]
+template <int C, int GT, typename T>
+static void pv_tile(const float* p, int64_t stride, const T* cache, const int64_t* blocks, int64_t block_size,
+                    int64_t row, int64_t len, const float* inv, float* out, int64_t hd) {
+  vec acc[GT][C];
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = vset(0.f);
+  for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+    const T* block = cache + blocks[t0 / block_size] * block_size * row;
+    const int64_t n = std::min(block_size, len - t0);
+    for (int64_t i = 0; i < n; ++i) {
+      const T* v = block + i * row;
+      vec vv[C];
+      for (int c = 0; c < C; ++c) vv[c] = vload(v + c * W);
+      for (int g = 0; g < GT; ++g) {
+        const vec w = vset(p[g * stride + t0 + i]);
+        for (int c = 0; c < C; ++c) acc[g][c] = vfma(w, vv[c], acc[g][c]);
+      }
+    }
+  }
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < C; ++c) vstore(out + g * hd + c * W, vmul(acc[g][c], vset(inv[g])));
+}
+
+// softmax's numerators in place, returning 1 / their sum
+static float exp_row(float* s, int64_t len) {
+  vec m = vset(-std::numeric_limits<float>::max());
+  int64_t t = 0;
+  for (; t + W <= len; t += W) m = vmax(m, vload(s + t));
+  float mx = vhmax(m);
+  for (; t < len; ++t) mx = std::max(mx, s[t]);
+  vec sum = vset(0.f);
+  for (t = 0; t + W <= len; t += W) { const vec e = vexp(vadd(vload(s + t), vset(-mx))); vstore(s + t, e); sum = vadd(sum, e); }
+  float total = vsum(sum);
+  for (; t < len; ++t) { s[t] = std::exp(s[t] - mx); total += s[t]; }
+  return 1.f / total;
+}
+
+// one (sequence, KV head): its G query heads in tiles of up to 4; false where head_dim is not C vectors
+template <int C, typename T>
+static void attend_vec(const float* qf, int64_t G, int64_t hd, const T* kc, const T* vc, const int64_t* blocks,
+                       int64_t block_size, int64_t row, int64_t len, float* scores, int64_t stride, float* out) {
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    const int64_t gt = std::min<int64_t>(4, G - g0);
+    const float* q = qf + g0 * hd; float* s = scores + g0 * stride;
+    switch (gt) {
+      case 1: qk_tile<C, 1>(q, hd, kc, vc, blocks, block_size, row, len, s, stride); break;
+      case 2: qk_tile<C, 2>(q, hd, kc, vc, blocks, block_size, row, len, s, stride); break;
+      case 3: qk_tile<C, 3>(q, hd, kc, vc, blocks, block_size, row, len, s, stride); break;
+      default: qk_tile<C, 4>(q, hd, kc, vc, blocks, block_size, row, len, s, stride);
+    }
+    float inv[4];
+    for (int64_t g = 0; g < gt; ++g) inv[g] = exp_row(s + g * stride, len);
+    float* o = out + g0 * hd;
+    switch (gt) {
+      case 1: pv_tile<C, 1>(s, stride, vc, blocks, block_size, row, len, inv, o, hd); break;
+      case 2: pv_tile<C, 2>(s, stride, vc, blocks, block_size, row, len, inv, o, hd); break;
+      case 3: pv_tile<C, 3>(s, stride, vc, blocks, block_size, row, len, inv, o, hd); break;
+      default: pv_tile<C, 4>(s, stride, vc, blocks, block_size, row, len, inv, o, hd);
+    }
+  }
+}
+#endif
+
+// the same on scalars, for any head_dim
+template <typename T>
+static void attend_scalar(const float* qf, int64_t G, int64_t hd, const T* kc, const T* vc, const int64_t* blocks,
+                          int64_t block_size, int64_t row, int64_t len, float* scores, int64_t stride, float* out) {
+  for (int64_t t = 0; t < len; ++t) {
+    const T* k = kc + blocks[t / block_size] * block_size * row + (t % block_size) * row;
+    for (int64_t g = 0; g < G; ++g) {
+      float dot = 0.f;
+      for (int64_t i = 0; i < hd; ++i) dot += qf[g * hd + i] * ld(k[i]);
+      scores[g * stride + t] = dot;
+    }
+  }
+  std::fill(out, out + G * hd, 0.f);
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = scores + g * stride;
+    const float mx = *std::max_element(s, s + len);
+    float sum = 0.f;
+    for (int64_t t = 0; t < len; ++t) { s[t] = std::exp(s[t] - mx); sum += s[t]; }
+    for (int64_t t = 0; t < len; ++t) {
+      const T* v = vc + blocks[t / block_size] * block_size * row + (t % block_size) * row;
+      const float w = s[t] / sum;
+      for (int64_t i = 0; i < hd; ++i) out[g * hd + i] += w * ld(v[i]);
+    }
+  }
+}
+
 // q: [D, H, hd]; k_cache, v_cache: [slots, KVH, hd]; block_tables: [D, nb] int64; context_lens: [D] int64
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_tables, torch::Tensor context_lens,
@@ -197,56 +392,32 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   const int64_t row = KVH * hd;  // elements per cache slot
   const int64_t num_blocks = k_cache.size(0) / block_size;
+  int64_t longest = 0;
   for (int64_t d = 0; d < D; ++d) {
     TORCH_CHECK(0 < lens[d] && lens[d] <= nb * block_size, "context length out of range");
     for (int64_t b = 0; b < (lens[d] + block_size - 1) / block_size; ++b)
       TORCH_CHECK(0 <= bt[d * nb + b] && bt[d * nb + b] < num_blocks, "block id out of range");
+    longest = std::max(longest, lens[d]);
   }
   by_dtype(q, [&](auto z) {
     using T = decltype(z);
+    auto attend = attend_scalar<T>;
+#ifdef INFERD_VEC
+    if (hd == W) attend = attend_vec<1, T>;
+    else if (hd == 2 * W) attend = attend_vec<2, T>;
+    else if (hd == 4 * W) attend = attend_vec<4, T>;
+    else if (hd == 8 * W) attend = attend_vec<8, T>;
+    else if (hd == 16 * W) attend = attend_vec<16, T>;
+#endif
     const T *qp = ptr<T>(q), *kp = ptr<T>(k_cache), *vp = ptr<T>(v_cache); T* op = ptr<T>(out);
     at::parallel_for(0, D * KVH, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores, qf(G * hd), acc(G * hd);
+      std::vector<float> scores(G * longest), qf(G * hd), acc(G * hd);
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t d = task / KVH, h = task % KVH, len = lens[d];
-        scores.assign(G * len, 0.f);
+        const int64_t d = task / KVH, h = task % KVH;
         const T* qg = qp + (d * H + h * G) * hd;
-        for (int64_t i = 0; i < G * hd; ++i) qf[i] = ld(qg[i]);
-        for (int64_t t0 = 0; t0 < len; t0 += block_size) {  // a block at a time: no division per token
-          const T* block = kp + bt[d * nb + t0 / block_size] * block_size * row + h * hd;
-          for (int64_t t = t0; t < std::min(len, t0 + block_size); ++t) {
-            const T* k = block + (t - t0) * row;
-            for (int64_t g = 0; g < G; ++g) {
-              const float* qv = qf.data() + g * hd;
-              float dot = 0.f;
-              #pragma omp simd reduction(+:dot)
-              for (int64_t i = 0; i < hd; ++i) dot += qv[i] * ld(k[i]);
-              scores[g * len + t] = dot * (float)scale;
-            }
-          }
-        }
-        for (int64_t g = 0; g < G; ++g) {
-          float* s = scores.data() + g * len;
-          float mx = -std::numeric_limits<float>::max();  // finite: built with -ffast-math
-          for (int64_t t = 0; t < len; ++t) mx = std::max(mx, s[t]);
-          float sum = 0.f;
-          for (int64_t t = 0; t < len; ++t) { s[t] = std::exp(s[t] - mx); sum += s[t]; }
-          const float inv = 1.f / sum;
-          for (int64_t t = 0; t < len; ++t) s[t] *= inv;
-        }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-          const T* block = vp + bt[d * nb + t0 / block_size] * block_size * row + h * hd;
-          for (int64_t t = t0; t < std::min(len, t0 + block_size); ++t) {
-            const T* v = block + (t - t0) * row;
-            for (int64_t g = 0; g < G; ++g) {
-              const float p = scores[g * len + t];
-              float* o = acc.data() + g * hd;
-              #pragma omp simd
-              for (int64_t i = 0; i < hd; ++i) o[i] += p * ld(v[i]);
-            }
-          }
-        }
+        for (int64_t i = 0; i < G * hd; ++i) qf[i] = ld(qg[i]) * (float)scale;
+        attend(qf.data(), G, hd, kp + h * hd, vp + h * hd, bt + d * nb, block_size, row, lens[d], scores.data(),
+               longest, acc.data());
         T* og = op + (d * H + h * G) * hd;
         for (int64_t i = 0; i < G * hd; ++i) og[i] = to<T>(acc[i]);
       }
@@ -321,17 +492,19 @@ def kernels_for(dtype: torch.dtype, cpp: bool = True):
 
 
 @functools.cache
-def load_cpp_kernels():
-    """The compiled module, or None where it cannot be built here."""
+def load_cpp_kernels(march: str = "native"):
+    """The compiled module, or None where it cannot be built here. `march` other than this CPU's own is for tests:
+    "haswell" builds the AVX2 loops on an AVX-512 machine."""
     if os.environ.get("INFERD_NO_CPP_KERNELS"):
         return None
     try:
         from torch.utils.cpp_extension import load_inline
 
         log.info("building the decoder's C++ kernels (cached after the first time)")
-        return load_inline(name=f"inferd_cpu_kernels_{_cpu_tag()}", cpp_sources=SOURCE, functions=FUNCTIONS,
-                           extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"],
-                           verbose=False)
+        suffix = "" if march == "native" else f"_{march.replace('-', '_')}"
+        return load_inline(name=f"inferd_cpu_kernels_{_cpu_tag()}{suffix}", cpp_sources=SOURCE, functions=FUNCTIONS,
+                           extra_cflags=["-O3", f"-march={march}", "-fopenmp", "-ffast-math"],
+                           extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no ninja: the torch ops serve
         log.warning("C++ kernels unavailable (%s); using torch ops", e)
         return None

@@ -67,19 +67,35 @@ def test_rope_cache_refuses_a_slot_out_of_range():
         cpp.rope_cache(qkv, cos, sin, torch.tensor([0]), cache, cache.clone(), torch.tensor([4]), 1, 1)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 6), (9, 3)])
-def test_paged_decode_matches_torch(dtype, heads, kv_heads):
-    g = torch.Generator().manual_seed(0)
-    block_size, num_blocks, hd = 4, 40, 16
+def paged_decode_case(dtype, heads, kv_heads, hd, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    block_size, num_blocks = 4, 40
     k_cache = randn(num_blocks * block_size, kv_heads, hd, dtype=dtype, g=g)
     v_cache = randn(num_blocks * block_size, kv_heads, hd, dtype=dtype, g=g)
-    lens = torch.tensor([1, 7, 16, 13])  # one token, mid-block, a full last block, across blocks
+    lens = torch.tensor([1, 7, 16, 13, 37])  # one token, mid-block, a full last block, across blocks, a long one
     width = -(-int(lens.max()) // block_size)
-    tables = torch.randperm(num_blocks, generator=g)[:4 * width].view(4, width)
-    q = randn(4, heads, hd, dtype=dtype, g=g)
-    args = (q, k_cache, v_cache, tables, lens, block_size, hd ** -0.5)
+    tables = torch.stack([torch.randperm(num_blocks, generator=g)[:width] for _ in lens])
+    q = randn(len(lens), heads, hd, dtype=dtype, g=g) * 3  # peaked scores: softmax's exp far from 0 too
+    return q, k_cache, v_cache, tables, lens, block_size, hd ** -0.5
+
+
+# head_dim 16..128 take the vector loops (tiles of 1-4 query heads: 9 / 1 is 4 + 4 + 1), 24 the scalar ones
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 16), (6, 6, 64), (9, 3, 64), (9, 1, 64), (10, 2, 128),
+                                               (6, 2, 24), (3, 3, 8)])
+def test_paged_decode_matches_torch(dtype, heads, kv_heads, hd):
+    args = paged_decode_case(dtype, heads, kv_heads, hd)
     torch.testing.assert_close(cpp.paged_decode(*args), TorchKernels.paged_decode(*args), **tol(dtype))
+
+
+@pytest.mark.skipif(not (cpp is not None and "avx512f" in open("/proc/cpuinfo").read()),
+                    reason="the AVX2 build is tested where the native one is AVX-512")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_decode_avx2_loops_match_torch(dtype):
+    avx2 = load_cpp_kernels("haswell")
+    for heads, kv_heads, hd in [(9, 3, 64), (10, 2, 128), (4, 4, 8)]:
+        args = paged_decode_case(dtype, heads, kv_heads, hd)
+        torch.testing.assert_close(avx2.paged_decode(*args), TorchKernels.paged_decode(*args), **tol(dtype))
 
 
 def test_ops_refuse_other_dtypes_and_the_engine_falls_back():
