@@ -17,6 +17,10 @@ weight reads. Here each of these is one call:
   elsewhere and for a head_dim that is not a multiple of the width), the next block's keys and this one's
   values prefetched: 3.7-3.8x its plain-loop version in bf16 at batch 8-64, 2.1-2.6x in fp32, with K/V
   from memory (benchmarks/paged_decode.py).
+- `prefill_attention(q, k_cache, v_cache, blocks, ctx, block_size, scale)`: causal attention of a prompt chunk over
+  its context, read from the cache blocks. In bf16 where the CPU has AVX-512 BF16, a flash attention on its bf16 dot
+  products (vdpbf16ps): 2.8-3.7x the gather + SDPA path at SmolLM2's shapes, 58-66 % of the bf16 matmul peak
+  (benchmarks/prefill_attention.py); elsewhere that gather + SDPA.
 
 Every op computes in float32 and rounds once to the tensor's dtype. `TorchKernels` is the same ops in
 torch: the reference the C++ ones are tested against (tests/engine/test_cpu_kernels.py), and the path
@@ -45,6 +49,9 @@ SOURCE = r"""
 #include <algorithm>
 #include <limits>
 #include <vector>
+#include <atomic>
+#include <cstring>
+#include <optional>
 
 using bf16 = uint16_t;  // bfloat16 as its bits
 
@@ -425,8 +432,172 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   });
   return out;
 }
+
+// Prefill attention of one chunk: q [n, H, hd], its context's K/V in the cache blocks `blocks` [nb], the last n of the
+// ctx positions being the queries' own (causal). In bf16 on AVX-512 BF16 (vdpbf16ps: 16 float32 lanes, each adding
+// two bf16 products), a flash attention: each KV head's keys are first packed so that a vector holds 16 keys' pairs
+// of dimensions, its values so that one holds 16 dimensions of a pair of keys; then each task, the query heads of a
+// group at 16 positions (rows), walks the keys KC at a time: scores of 8 rows x 16 keys in registers, an online
+// softmax per row (float32, exp a polynomial), probabilities rounded to bf16, PV into float32 accumulators. Tasks are
+// taken from a shared counter, heaviest first: a thread that is preempted holds up no one at a barrier. Elsewhere
+// (float32, no AVX-512 BF16, a head_dim not in 16-256) the gather and torch's SDPA.
+static torch::Tensor prefill_sdpa(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                                  const torch::Tensor& blocks, int64_t ctx, int64_t block_size, double scale) {
+  const int64_t n = q.size(0), KVH = k_cache.size(1), hd = k_cache.size(2);
+  auto gather = [&](const torch::Tensor& c) {
+    return c.view({-1, block_size, KVH, hd}).index_select(0, blocks).view({-1, KVH, hd}).narrow(0, 0, ctx)
+        .transpose(0, 1).unsqueeze(0);
+  };
+  auto qq = q.transpose(0, 1).unsqueeze(0);
+  std::optional<torch::Tensor> mask;
+  if (n != ctx) mask = torch::arange(ctx) <= torch::arange(ctx - n, ctx).unsqueeze(1);
+  auto out = at::scaled_dot_product_attention(qq, gather(k_cache), gather(v_cache), mask, 0.0, n == ctx, scale, true);
+  return out.squeeze(0).transpose(0, 1).contiguous();
+}
+
+#if defined(__AVX512BF16__)
+constexpr int64_t KC = 64, QB = 16;  // keys a chunk, query positions a task
+
+static inline __m512i pair(const bf16* p) { int32_t x; std::memcpy(&x, p, 4); return _mm512_set1_epi32(x); }
+static inline __m512 dot2(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+
+// s[r][0..16) = q_r . k_j for 8 rows and the 16 keys of kp (hd / 2 vectors of 16 keys x 2 dimensions)
+static inline void qk_8x16(const bf16* q, int64_t hd, const bf16* kp, float* s) {
+  __m512 acc[8];
+  for (int r = 0; r < 8; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t d2 = 0; d2 < hd / 2; ++d2) {
+    const __m512i k = _mm512_loadu_si512(kp + d2 * 32);
+    for (int r = 0; r < 8; ++r) acc[r] = dot2(acc[r], pair(q + r * hd + 2 * d2), k);
+  }
+  for (int r = 0; r < 8; ++r) _mm512_storeu_ps(s + r * KC, acc[r]);
+}
+
+// acc[r] += sum_j p[r][j] v_j for RP rows over one chunk (vp: KC / 2 pairs of keys, DV vectors of 16 dims x 2 keys)
+template <int DV, int RP> static inline void pv_chunk(const bf16* p, const bf16* vp, float* acc) {
+  __m512 a[RP][DV];
+  for (int r = 0; r < RP; ++r)
+    for (int v = 0; v < DV; ++v) a[r][v] = _mm512_loadu_ps(acc + (r * DV + v) * 16);
+  for (int64_t jp = 0; jp < KC / 2; ++jp)
+    for (int v = 0; v < DV; ++v) {
+      const __m512i vv = _mm512_loadu_si512(vp + (jp * DV + v) * 32);
+      for (int r = 0; r < RP; ++r) a[r][v] = dot2(a[r][v], pair(p + r * KC + 2 * jp), vv);
+    }
+  for (int r = 0; r < RP; ++r)
+    for (int v = 0; v < DV; ++v) _mm512_storeu_ps(acc + (r * DV + v) * 16, a[r][v]);
+}
+
+template <int DV> static void prefill_bf16(const bf16* qp, const bf16* kc, const bf16* vc, const int64_t* bt,
+                                           int64_t n, int64_t ctx, int64_t H, int64_t KVH, int64_t block_size,
+                                           float scale, bf16* op) {
+  constexpr int64_t hd = DV * 16;
+  constexpr int RP = DV <= 2 ? 8 : 16 / DV;  // rows whose accumulators fit in 16 registers
+  const int64_t G = H / KVH, L = (ctx + KC - 1) / KC * KC, row = KVH * hd;
+  // kp[h][key / 16][d / 2][key % 16][d % 2], vp[h][key / 2][d / 16][d % 16][key % 2], zero past ctx
+  std::vector<bf16> kpack(KVH * L * hd, 0), vpack(KVH * L * hd, 0);
+  at::parallel_for(0, KVH * (L / 16), 1, [&](int64_t b, int64_t e) {
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t h = task / (L / 16), kb = task % (L / 16);
+      bf16 *kp = kpack.data() + h * L * hd, *vp = vpack.data() + h * L * hd;
+      for (int64_t t = kb * 16; t < std::min(ctx, kb * 16 + 16); ++t) {
+        const int64_t slot = bt[t / block_size] * block_size + t % block_size;
+        const bf16 *k = kc + slot * row + h * hd, *v = vc + slot * row + h * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          kp[((t / 16 * (hd / 2) + d / 2) * 16 + t % 16) * 2 + d % 2] = k[d];
+          vp[((t / 2 * DV + d / 16) * 16 + d % 16) * 2 + t % 2] = v[d];
+        }
+      }
+    }
+  });
+  const int64_t nqb = (n + QB - 1) / QB, tasks = KVH * nqb, M = (QB * G + 7) / 8 * 8;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    std::vector<bf16> qb(M * hd, 0), pb(M * KC);
+    std::vector<float> s(M * KC), acc(M * hd), m(M), l(M);
+    std::vector<int64_t> last(M);  // each row's last visible key
+    for (int64_t task; (task = next.fetch_add(1)) < tasks;) {
+      const int64_t qblock = nqb - 1 - task / KVH, h = task % KVH;  // the last positions see the most keys
+      const int64_t i0 = qblock * QB, rows = std::min(QB, n - i0) * G;
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t i = i0 + std::min(r, rows - 1) / G;  // rows past the end repeat the last one, unwritten
+        last[r] = ctx - n + i;
+        if (r < rows) std::memcpy(&qb[r * hd], qp + (i * H + h * G + r % G) * hd, hd * sizeof(bf16));
+        m[r] = -1e30f; l[r] = 0.f;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      const bf16 *kp = kpack.data() + h * L * hd, *vp = vpack.data() + h * L * hd;
+      const int64_t end = last[M - 1] + 1;
+      for (int64_t c0 = 0; c0 < end; c0 += KC) {
+        for (int64_t kb = 0; kb < KC; kb += 16)
+          for (int64_t r = 0; r < M; r += 8) qk_8x16(&qb[r * hd], hd, kp + (c0 + kb) * hd, &s[r * KC + kb]);
+        for (int64_t r = 0; r < M; ++r) {
+          const int64_t visible = std::clamp<int64_t>(last[r] - c0 + 1, 0, KC);
+          float* sr = &s[r * KC];
+          __m512 x[KC / 16];
+          __mmask16 keep[KC / 16];
+          __m512 mx = _mm512_set1_ps(-1e30f);
+          for (int v = 0; v < KC / 16; ++v) {
+            const int64_t k = std::clamp<int64_t>(visible - v * 16, 0, 16);
+            keep[v] = (__mmask16)((1u << k) - 1u);
+            x[v] = _mm512_mul_ps(_mm512_loadu_ps(sr + v * 16), _mm512_set1_ps(scale));
+            mx = _mm512_mask_max_ps(mx, keep[v], mx, x[v]);
+          }
+          const float m_new = std::max(m[r], _mm512_reduce_max_ps(mx));
+          const float corr = vexp(_mm512_set1_ps(m[r] - m_new))[0];
+          __m512 sum = _mm512_setzero_ps();
+          for (int v = 0; v < KC / 16; ++v) {
+            const __m512 p = _mm512_maskz_mov_ps(keep[v], vexp(_mm512_sub_ps(x[v], _mm512_set1_ps(m_new))));
+            sum = _mm512_add_ps(sum, p);
+            _mm256_storeu_si256((__m256i*)&pb[r * KC + v * 16], (__m256i)_mm512_cvtneps_pbh(p));
+          }
+          l[r] = l[r] * corr + _mm512_reduce_add_ps(sum);
+          m[r] = m_new;
+          if (corr != 1.f)
+            for (int64_t d = 0; d < hd; d += 16)
+              _mm512_storeu_ps(&acc[r * hd + d], _mm512_mul_ps(_mm512_loadu_ps(&acc[r * hd + d]), _mm512_set1_ps(corr)));
+        }
+        for (int64_t r = 0; r < M; r += RP) pv_chunk<DV, RP>(&pb[r * KC], vp + c0 * hd, &acc[r * hd]);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        bf16* o = op + ((i0 + r / G) * H + h * G + r % G) * hd;
+        const float inv = 1.f / l[r];
+        for (int64_t d = 0; d < hd; ++d) o[d] = to<bf16>(acc[r * hd + d] * inv);
+      }
+    }
+  });
+}
+#endif
+
+// q: [n, H, hd]; k_cache, v_cache: [slots, KVH, hd]; blocks: [nb] int64, the context's blocks; ctx >= n
+torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor blocks,
+                                int64_t ctx, int64_t block_size, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && q.size(2) == k_cache.size(2)
+              && q.size(1) % k_cache.size(1) == 0, "q: [n, H, hd], caches: [slots, KVH, hd] with KVH dividing H");
+  check(q, q, "q"); check(k_cache, q, "k_cache"); check(v_cache, q, "v_cache");
+  TORCH_CHECK(blocks.scalar_type() == torch::kInt64 && blocks.dim() == 1 && blocks.is_contiguous(), "int64 blocks [nb]");
+  const int64_t n = q.size(0), H = q.size(1), hd = q.size(2), KVH = k_cache.size(1);
+  TORCH_CHECK(0 < n && n <= ctx && ctx <= blocks.numel() * block_size, "need 0 < n <= ctx <= the blocks' slots");
+  const int64_t* bt = blocks.data_ptr<int64_t>();
+  for (int64_t b = 0; b < (ctx + block_size - 1) / block_size; ++b)
+    TORCH_CHECK(0 <= bt[b] && bt[b] < k_cache.size(0) / block_size, "block id out of range");
+#if defined(__AVX512BF16__)
+  if (q.scalar_type() == torch::kBFloat16 && (hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
+    auto out = torch::empty_like(q);
+    auto run = prefill_bf16<4>;
+    switch (hd) {
+      case 16: run = prefill_bf16<1>; break;
+      case 32: run = prefill_bf16<2>; break;
+      case 128: run = prefill_bf16<8>; break;
+      case 256: run = prefill_bf16<16>; break;
+    }
+    run(ptr<bf16>(q), ptr<bf16>(k_cache), ptr<bf16>(v_cache), bt, n, ctx, H, KVH, block_size, (float)scale,
+        ptr<bf16>(out));
+    return out;
+  }
+#endif
+  return prefill_sdpa(q, k_cache, v_cache, blocks, ctx, block_size, scale);
+}
 """
-FUNCTIONS = ["rms_norm", "add_rms_norm", "silu_mul", "rope_cache", "paged_decode"]
+FUNCTIONS = ["rms_norm", "add_rms_norm", "silu_mul", "rope_cache", "paged_decode", "prefill_attention"]
 DTYPES = (torch.float32, torch.bfloat16)  # what the C++ ops take
 
 
@@ -483,6 +654,19 @@ class TorchKernels:
         visible = torch.arange(keys.shape[2]) < context_lens.unsqueeze(1)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None, None, :], scale=scale)
         return out.reshape(d, heads, hd)
+
+    @staticmethod
+    def prefill_attention(q, k_cache, v_cache, blocks, ctx, block_size, scale):
+        n = q.shape[0]
+        keys = gather_blocks(k_cache, blocks, block_size)[:ctx].transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, hd]
+        values = gather_blocks(v_cache, blocks, block_size)[:ctx].transpose(0, 1).unsqueeze(0)
+        q = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
+        if n == ctx:
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            visible = torch.arange(ctx) <= torch.arange(ctx - n, ctx).unsqueeze(1)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
+        return out.squeeze(0).transpose(0, 1)
 
 
 def kernels_for(dtype: torch.dtype, cpp: bool = True):

@@ -11,12 +11,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 
 from inferd.models.config import ModelConfig
-from inferd.models.cpu_kernels import TorchKernels, gather_blocks
+from inferd.models.cpu_kernels import TorchKernels
 
 
 class StepInterrupted(Exception):
@@ -141,16 +140,9 @@ class Attention(nn.Module):
                                              meta.block_size, self.scale)
 
     def _prefill(self, q, chunk: PrefillChunk, block_size: int, k_cache, v_cache):
-        n, ctx = q.shape[0], chunk.context_len
-        keys = gather_blocks(k_cache, chunk.context_blocks, block_size)[:ctx].transpose(0, 1).unsqueeze(0)
-        values = gather_blocks(v_cache, chunk.context_blocks, block_size)[:ctx].transpose(0, 1).unsqueeze(0)
-        q = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
-        if n == ctx:
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scale, enable_gqa=True)
-        else:
-            visible = torch.arange(ctx) <= torch.arange(ctx - n, ctx).unsqueeze(1)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scale, enable_gqa=True)
-        return out.squeeze(0).transpose(0, 1)
+        with record_function("inferd::prefill_attention") if torch.autograd._profiler_enabled() else nullcontext():
+            return self.kernels.prefill_attention(q, k_cache, v_cache, chunk.context_blocks, chunk.context_len,
+                                                  block_size, self.scale)
 
 
 class MLP(nn.Module):

@@ -98,6 +98,29 @@ def test_paged_decode_avx2_loops_match_torch(dtype):
         torch.testing.assert_close(avx2.paged_decode(*args), TorchKernels.paged_decode(*args), **tol(dtype))
 
 
+def prefill_case(dtype, heads, kv_heads, hd, n, ctx, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    block_size, num_blocks = 4, 2 + -(-ctx // 4)
+    k_cache = randn(num_blocks * block_size, kv_heads, hd, dtype=dtype, g=g)
+    v_cache = randn(num_blocks * block_size, kv_heads, hd, dtype=dtype, g=g)
+    blocks = torch.randperm(num_blocks, generator=g)[:-(-ctx // block_size)]
+    q = randn(n, heads, hd, dtype=dtype, g=g) * 3
+    return q, k_cache, v_cache, blocks, ctx, block_size, hd ** -0.5
+
+
+# bf16 with AVX-512 BF16 takes the packed flash loops for head_dim 16-256 (a task: 16 positions of a group; keys 64 at
+# a time), all else the gather and SDPA; chunks whose context is longer than their queries (chunked prefill), contexts
+# ending mid-block and mid-chunk, positions not a multiple of 16
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,hd,n,ctx", [(9, 3, 64, 37, 37), (9, 3, 64, 20, 150), (9, 3, 64, 64, 64),
+                                                     (6, 1, 128, 5, 70), (8, 2, 16, 17, 40), (4, 4, 32, 1, 1),
+                                                     (2, 1, 256, 33, 33), (10, 2, 128, 48, 129), (6, 2, 24, 10, 30)])
+def test_prefill_attention_matches_torch(dtype, heads, kv_heads, hd, n, ctx):
+    q, k_cache, v_cache, *rest = prefill_case(dtype, heads, kv_heads, hd, n, ctx)
+    expected = TorchKernels.prefill_attention(q.float(), k_cache.float(), v_cache.float(), *rest)
+    torch.testing.assert_close(cpp.prefill_attention(q, k_cache, v_cache, *rest).float(), expected, **tol(dtype))
+
+
 def test_ops_refuse_other_dtypes_and_the_engine_falls_back():
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         cpp.silu_mul(torch.zeros(2, 4, dtype=torch.float16))
@@ -117,6 +140,10 @@ def test_ops_refuse_mismatched_shapes_instead_of_reading_past_them():
                          torch.tensor([1, 1]), 4, 1.0)
     with pytest.raises(RuntimeError, match="block id out of range"):
         cpp.paged_decode(torch.zeros(1, 1, 4), cache, cache, torch.tensor([[5]]), torch.tensor([3]), 4, 1.0)
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        cpp.prefill_attention(torch.zeros(3, 1, 4), cache, cache, torch.tensor([0, 9]), 6, 4, 1.0)
+    with pytest.raises(RuntimeError, match="n <= ctx"):
+        cpp.prefill_attention(torch.zeros(3, 1, 4), cache, cache, torch.tensor([0]), 2, 4, 1.0)
 
 
 def test_the_engine_on_torch_ops_and_on_the_cpp_ops_gives_the_same_greedy_tokens():
