@@ -19,8 +19,8 @@ weight reads. Here each of these is one call:
   from memory (benchmarks/paged_decode.py).
 - `prefill_attention(q, k_cache, v_cache, blocks, ctx, block_size, scale)`: causal attention of a prompt chunk over
   its context, read from the cache blocks, as a flash attention on AVX-512: in bf16 on its bf16 dot products
-  (vdpbf16ps, where the CPU has AVX-512 BF16), 2.4-3.9x the gather + SDPA path at SmolLM2's shapes; in fp32 on
-  FMAs, 1.5-1.9x (benchmarks/prefill_attention.py). Elsewhere that gather + SDPA (on AVX2 the same fp32 loops
+  (vdpbf16ps, where the CPU has AVX-512 BF16), 2.4-3.7x the gather + SDPA path at SmolLM2's shapes; in fp32 on
+  FMAs, 1.5-1.8x (benchmarks/prefill_attention.py). Elsewhere that gather + SDPA (on AVX2 the same fp32 loops
   were 0.7-1.1x SDPA).
 
 Every op computes in float32 and rounds once to the tensor's dtype. `TorchKernels` is the same ops in
