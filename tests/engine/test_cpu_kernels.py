@@ -109,8 +109,8 @@ def prefill_case(dtype, heads, kv_heads, hd, n, ctx, seed=0):
 
 
 # the flash loops (a task: 16 positions of a group; keys 64 at a time) take fp32 on AVX-512 and bf16 with AVX-512 BF16
-# for head_dim 16-256, 24 takes the gather and SDPA (as AVX2 takes every case); chunks whose context is longer than their queries
-# (chunked prefill), contexts ending mid-block and mid-chunk, positions not a multiple of 16
+# for head_dim 16-256, 24 takes the gather and SDPA (as AVX2 takes every case); chunks whose context is longer than
+# their queries (chunked prefill), contexts ending mid-block and mid-chunk, positions not a multiple of 16
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,hd,n,ctx", [(9, 3, 64, 37, 37), (9, 3, 64, 20, 150), (9, 3, 64, 64, 64),
                                                      (6, 1, 128, 5, 70), (8, 2, 16, 17, 40), (4, 4, 32, 1, 1),
@@ -124,7 +124,7 @@ def test_prefill_attention_matches_torch(dtype, heads, kv_heads, hd, n, ctx):
 @pytest.mark.skipif(not (cpp is not None and "avx512f" in open("/proc/cpuinfo").read()),
                     reason="the AVX2 build is tested where the native one is AVX-512")
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_prefill_attention_avx2_loops_match_torch(dtype):
+def test_prefill_attention_in_the_avx2_build_matches_torch(dtype):  # SDPA there, the build's fallback
     avx2 = load_cpp_kernels("haswell")
     for case in [(9, 3, 64, 37, 37), (9, 3, 64, 20, 150), (10, 2, 128, 48, 129), (4, 4, 8, 3, 9)]:
         q, k_cache, v_cache, *rest = prefill_case(dtype, *case)
