@@ -112,12 +112,13 @@ def _replica(args: argparse.Namespace) -> int:
     from inferd.engine.engine import LLMEngine
     from inferd.models.llama import UnsupportedModelError
     from inferd.models.loader import load_model
+    from inferd.replica.loading import in_passing_thread
     from inferd.replica.server import ReplicaConfig, build_replica_app, serve
 
     engine_config = _engine_config(args)
-    model = load_model(args.model, progress=True)
-    try:
-        engine = AsyncEngine(LLMEngine(model, engine_config))
+    model = in_passing_thread(lambda: load_model(args.model, progress=True))
+    try:  # built there too: it allocates the KV cache and packs the weights
+        engine = AsyncEngine(in_passing_thread(lambda: LLMEngine(model, engine_config)))
     except (ValueError, UnsupportedModelError) as exc:
         raise SystemExit(f"inferd replica: error: {exc}")
     config = ReplicaConfig(host=args.host, port=args.port, api_key=args.api_key or None,

@@ -24,6 +24,7 @@ from inferd.protocol import headers
 from inferd.protocol.classical import MAX_PREDICT_BODY_BYTES, PredictRequest, decode_body, feature_matrix
 from inferd.protocol.errors import ModelNotFound
 from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_body, unless_disconnected
+from inferd.replica.loading import in_passing_thread
 from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome, status_routes
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,8 @@ def serve_classical(model_source: str | Path | None = None, host: str = "127.0.0
                     config: ClassicalConfig | None = None, log_level: str = "info") -> None:
     """Load the model (None: the demo iris classifier, trained on first use), then serve it until interrupted."""
     metrics = ClassicalMetrics()
-    runtime = ClassicalRuntime.load(model_source, config, served_model_name, on_batch=metrics.observe_batch)
+    runtime = in_passing_thread(lambda: ClassicalRuntime.load(model_source, config, served_model_name,
+                                                              on_batch=metrics.observe_batch))
     app = build_classical_app(runtime, metrics, api_key=api_key, loaded_unix_s=time.time())
     log.info("serving %s (%s, sha256 %s) on http://%s:%d", runtime.info.name, runtime.info.format,
              runtime.info.digests["model"], host, port)

@@ -23,6 +23,7 @@ from inferd.protocol import headers
 from inferd.protocol.errors import ModelNotFound, error_response
 from inferd.protocol.http import RequestContextMiddleware, read_json, unless_disconnected
 from inferd.protocol.openai import EmbeddingRequest
+from inferd.replica.loading import in_passing_thread
 from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome, status_routes
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,8 @@ def serve_embeddings(model_source: str | Path | None = None, host: str = "127.0.
                      config: EmbeddingConfig | None = None, log_level: str = "info") -> None:
     """Load the model (None: the packaged all-MiniLM-L6-v2), then serve it until interrupted."""
     metrics = EmbeddingMetrics()
-    runtime = EmbeddingRuntime.load(model_source, config, served_model_name, on_batch=metrics.observe_batch)
+    runtime = in_passing_thread(lambda: EmbeddingRuntime.load(model_source, config, served_model_name,
+                                                              on_batch=metrics.observe_batch))
     app = build_embedding_app(runtime, metrics, api_key=api_key, loaded_unix_s=time.time())
     log.info("serving embeddings of %s on http://%s:%d", runtime.info.name, host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=None,

@@ -22,6 +22,7 @@ from inferd.protocol import headers
 from inferd.protocol.errors import APIError, InvalidRequest, PayloadTooLarge, to_api_error
 from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_body, unless_disconnected
 from inferd.protocol.policy import PolicyError, check_observation, packb, unpackb
+from inferd.replica.loading import in_passing_thread
 from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome, status_routes
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ def serve_policy(model_source: str | Path | None = None, host: str = "127.0.0.1"
                  config: PolicyConfig | None = None, log_level: str = "info") -> None:
     """Load the policy (None: the packaged demo), then serve it until interrupted."""
     metrics = PolicyMetrics()
-    runtime = PolicyRuntime.load(model_source, config, served_model_name, on_batch=metrics.observe_batch)
+    runtime = in_passing_thread(lambda: PolicyRuntime.load(model_source, config, served_model_name,
+                                                           on_batch=metrics.observe_batch))
     app = build_policy_app(runtime, metrics, api_key=api_key, loaded_unix_s=time.time())
     log.info("serving policy %s (sha256 %s) on http://%s:%d", runtime.name, runtime.files.digests.get("model"),
              host, port)
