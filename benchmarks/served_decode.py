@@ -131,19 +131,38 @@ class InProcess:
         return (time.perf_counter() - t) * 1000
 
 
+def parse_format(f: str) -> tuple[str, str, dict]:
+    """'dtype:quantization[+setting=value...]' -> dtype, quantization, the served engine's other settings."""
+    head, *extra = f.split("+")
+    dtype, _, quantization = head.partition(":")
+    return dtype, quantization or "none", {k: json.loads(v) for k, _, v in (e.partition("=") for e in extra)}
+
+
+def base_format(f: str) -> str:
+    """The in-process engine a served format is compared with: its dtype and quantization, at its best."""
+    dtype, quantization, _ = parse_format(f)
+    return f"{dtype}:{quantization}"
+
+
+def deployment_name(f: str) -> str:
+    return "smol-" + "".join(c if c.isalnum() else "-" for c in f.replace("_", ""))
+
+
 def serve_spec(formats: list[str]) -> str:
     lines = ["deployments:"]
     for f in formats:
-        dtype, _, quantization = f.partition(":")
-        runtime = {**SETTINGS, "dtype": dtype, "quantization": quantization or "none"}
-        lines += [f"  - name: smol-{dtype}-{quantization or 'none'}", "    model: {source: default}",
+        dtype, quantization, extra = parse_format(f)
+        runtime = {**SETTINGS, "dtype": dtype, "quantization": quantization, **extra}
+        lines += [f"  - name: {deployment_name(f)}", "    model: {source: default}",
                   f"    runtime: {json.dumps(runtime)}"]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--formats", default="auto:none,auto:auto", help="inferd's dtype:quantization pairs")
+    ap.add_argument("--formats", default="auto:none,auto:auto",
+                    help="inferd's dtype:quantization pairs, each with +setting=value for the served engine if wanted "
+                         "(e.g. auto:none+small_step_threads=2)")
     ap.add_argument("--vllm-python", default=os.environ.get("INFERD_VLLM_PYTHON") or str(ROOT / ".venv-vllm/bin/python"),
                     help="'none': leave vLLM out (say so where it does not run)")
     ap.add_argument("--vllm-args", default="", help="more vLLM flags, e.g. --enforce-eager")
@@ -171,8 +190,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(url, lambda: serve.poll() is None, lambda: f"exited: see {work / 'serve.log'}", 1800)
         for f in formats:
-            dtype, _, quantization = f.partition(":")
-            targets.append(Served(f"serve:{f}", url, KEY, f"smol-{dtype}-{quantization or 'none'}"))
+            targets.append(Served(f"serve:{f}", url, KEY, deployment_name(f)))
         vllm_version = None
         if args.vllm_python != "none":
             vllm = RuntimeProcess(None, "smol-vllm", EngineConfig(**SETTINGS),
@@ -183,9 +201,9 @@ def main() -> None:
             targets.append(Served("vllm", vllm.url, vllm.api_key, "smol-vllm"))
             vllm_version = subprocess.run([args.vllm_python, "-c", "import vllm; print(vllm.__version__)"],
                                           capture_output=True, text=True).stdout.strip()
-        for f in formats:
-            dtype, _, quantization = f.partition(":")
-            targets.append(InProcess(f"engine:{f}", model, dtype, quantization or "none"))
+        for f in dict.fromkeys(map(base_format, formats)):
+            dtype, quantization, _ = parse_format(f)
+            targets.append(InProcess(f"engine:{f}", model, dtype, quantization))
         for t in targets:  # warm-up: the first requests of a server pay for its lazy set-up
             t.decode(2, seed=999, vocab=vocab)
         runs = {t.name: {**{f"decode_b{b}": [] for b in batches}, "ttft_ms": []} for t in targets}
@@ -230,7 +248,7 @@ def markdown(r: dict, formats: list[str], batches: list[int]) -> str:
     ratio = lambda a, b, k: (med[a][k] / med[b][k]) if k != "ttft_ms" else (med[b][k] / med[a][k])  # noqa: E731
     for f in formats:
         pairs = [(f"serve:{f}", "vllm", "inferd serve / vLLM")] if "vllm" in med else []
-        pairs.append((f"serve:{f}", f"engine:{f}", "inferd serve / its engine in process"))
+        pairs.append((f"serve:{f}", f"engine:{base_format(f)}", "inferd serve / its engine in process"))
         for a, b, label in pairs:
             out.append(f"| {label} ({f}) | " + " | ".join(f"{ratio(a, b, k):.2f}x" for k in keys) + " |")
     out += ["", "Ratios above 1 are better for inferd serve (for TTFT: the other's time over inferd's)."]

@@ -27,9 +27,8 @@ class EngineConfig:
                                 "(float32 and bfloat16), built on first use; else torch ops")
     num_threads: int | None = setting(None, "torch threads for the engine (default: all cores)")
     small_step_threads: int | None = setting(None, "torch threads for a decode step of at most small_step_seqs "
-                                             "sequences: such a step gains little from the last core, which the "
-                                             "HTTP loop streaming its tokens needs (default: one fewer than "
-                                             "num_threads, at least 1)")
+                                             "sequences, for a machine whose cores other work needs (default: "
+                                             "num_threads)")
     small_step_seqs: int = setting(4, "sequences up to which a decode-only step is small (small_step_threads)")
     num_speculative_tokens: int = setting(0, "drafts verified per decode step (0: off); drafted by prompt "
                                           "lookup unless speculative_model is set")

@@ -63,7 +63,7 @@ class LLMEngine:
     def __init__(self, model: LoadedModel, config: EngineConfig):
         self.num_threads = config.num_threads or DEFAULT_THREADS  # not torch's count now: an engine changes it
         torch.set_num_threads(self.num_threads)
-        self.small_step_threads = config.small_step_threads or max(1, self.num_threads - 1)
+        self.small_step_threads = config.small_step_threads or self.num_threads
         self.config = config
         self.tokenizer = model.tokenizer
         self.model_name = model.name

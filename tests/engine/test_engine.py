@@ -196,9 +196,9 @@ def test_settings_that_cannot_be_honoured_are_rejected_at_start():
         make_engine(num_kv_blocks=None, kv_cache_gib=1e-9)
 
 
-def test_small_decode_steps_leave_a_core_and_the_others_use_all(monkeypatch):
-    engine = make_engine(num_threads=2, small_step_seqs=2)
-    assert engine.small_step_threads == 1  # the default: one fewer than num_threads
+def test_small_decode_steps_can_leave_a_core_and_the_others_use_all(monkeypatch):
+    assert make_engine(num_threads=2).small_step_threads == 2  # the default: all of them
+    engine = make_engine(num_threads=2, small_step_threads=1, small_step_seqs=2)
     seen, forward = [], engine.runner.run
 
     def run_recording_threads(batch, between=None):
