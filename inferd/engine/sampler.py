@@ -1,9 +1,12 @@
 """Per-request sampling over one batch of logits.
 
 Logprobs are those of the model (before penalties and temperature), as
-vLLM reports them. Random draws use the exponential race (argmax of p / E,
-E ~ Exp(1)), with a per-sequence generator when the request has a seed, so a
-seeded request gives the same tokens whatever else is in the batch.
+vLLM reports them. A random draw inverts the row's distribution function: one
+uniform per row, searched in the float64 cumulative sum of its probabilities,
+from a per-sequence generator when the request has a seed, so a seeded request
+gives the same tokens whatever else is in the batch. (The exponential race,
+argmax of p / E, draws one number per vocabulary entry on one thread: 28 ms a
+step at 32 rows of SmolLM2's 49,152 tokens, against 1.3 ms for this.)
 """
 import torch
 
@@ -40,12 +43,15 @@ class Sampler:
         temperature = torch.tensor([s.params.temperature for s in seqs]).unsqueeze(1)
         logits = _top_k_top_p(logits / temperature, seqs)
         probs = logits.softmax(dim=-1)
-        noise = torch.empty_like(probs)
-        noise.exponential_(generator=self.generator)
+        cdf = probs.double().cumsum(dim=-1)
+        u = torch.rand(len(seqs), 1, generator=self.generator, dtype=torch.float64)
         for i, seq in enumerate(seqs):
             if seq.generator is not None:
-                noise[i].exponential_(generator=seq.generator)
-        return (probs / noise).argmax(dim=-1)
+                u[i] = torch.rand(1, generator=seq.generator, dtype=torch.float64)
+        tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+        # u * total can round up to the total: then the last token that has any probability (never a masked one)
+        last = probs.shape[1] - 1 - probs.flip(-1).gt(0).to(torch.uint8).argmax(dim=-1)
+        return torch.minimum(tokens, last)
 
 
 def prompt_logprobs(logits: torch.Tensor, token_ids: list[int], top_n: int) -> list[TokenLogprob]:
