@@ -59,8 +59,11 @@ def chat(url: str, key: str, **body) -> httpx.Response:
 
 def test_two_gateways_share_a_tenants_request_limit(setup):
     _, key = tenant_key(setup["db"], "--rpm", "6")
+    start = time.monotonic()
     codes = [chat(setup["gateways"][i % 2], key).status_code for i in range(12)]
-    assert codes.count(200) == 6 and codes.count(429) == 6
+    refilled = int((time.monotonic() - start) / 10)  # the bucket refills continuously, a request per 10 s
+    assert codes[:6] == [200] * 6 and set(codes) <= {200, 429}
+    assert 6 <= codes.count(200) <= 6 + refilled  # not 6 per gateway
 
 
 def test_two_gateways_share_a_concurrency_limit(setup):
