@@ -5,8 +5,8 @@ vLLM reports them. A random draw inverts the row's distribution function: one
 uniform per row, searched in the float64 cumulative sum of its probabilities,
 from a per-sequence generator when the request has a seed, so a seeded request
 gives the same tokens whatever else is in the batch. (The exponential race,
-argmax of p / E, draws one number per vocabulary entry on one thread: 28 ms a
-step at 32 rows of SmolLM2's 49,152 tokens, against 1.3 ms for this.)
+argmax of p / E, draws one number per vocabulary entry on one thread: 28.5 ms
+at 32 rows of SmolLM2's 49,152 tokens, against 1.6 ms for this; benchmarks/sampler.py.)
 """
 import torch
 
@@ -48,10 +48,9 @@ class Sampler:
         for i, seq in enumerate(seqs):
             if seq.generator is not None:
                 u[i] = torch.rand(1, generator=seq.generator, dtype=torch.float64)
-        tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
-        # u * total can round up to the total: then the last token that has any probability (never a masked one)
-        last = probs.shape[1] - 1 - probs.flip(-1).gt(0).to(torch.uint8).argmax(dim=-1)
-        return torch.minimum(tokens, last)
+        # u < 1, so u * total < total (rounded too): the first sum above it is a token's with probability, never a
+        # masked one, and u = 0 takes the first such token
+        return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
 
 
 def prompt_logprobs(logits: torch.Tensor, token_ids: list[int], top_n: int) -> list[TokenLogprob]:
