@@ -4,8 +4,8 @@ libgomp, torch's OpenMP, keeps a pool of worker threads for every thread that ha
 that thread exits, and counts them all. Once a process has more of them than CPUs, a worker that finishes a
 parallel region stops spinning for the next one and sleeps at once, and every op pays for waking it. A model
 loaded on the main thread and run on another (the engine's thread, the batcher's worker) leaves two pools: on
-2 cores one bf16 linear of SmolLM2's at 8 rows took 207 µs in the second thread against 97 µs with one pool, and
-`inferd serve` decoded 8 streams at 195 tok/s against 250-300 with the load moved here.
+2 cores one bf16 linear of SmolLM2's at 8 rows took 137 µs in the second thread against 58 µs with one pool, and
+59 µs with its weights made here (benchmarks/openmp_pools.py, Sapphire Rapids).
 """
 import threading
 from collections.abc import Callable
