@@ -90,7 +90,7 @@ class LLMEngine:
                         self.kv_capacity_tokens, self.max_model_len, self.kv_capacity_tokens)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(self.model, self.blocks, self.dtype)
-        self.sampler = Sampler()
+        self.sampler = Sampler(kernels=kernels_for(torch.float32, config.cpp_kernels))
         self.grammars = GrammarCompiler(model.tokenizer, sorted(self.eos_token_ids))
         self.masker = GrammarMasker(self.grammars, mc.vocab_size)
         self.seqs: dict[str, Sequence] = {}

@@ -214,6 +214,10 @@ static inline float vhmax(vec a) { return _mm512_reduce_max_ps(a); }
 static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2i(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p 2^n
 static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
+static inline vec vzero_where(vec a, vec x, float bad) {  // a, with 0 where x is bad (an integer compare of the bits:
+  const __mmask16 m = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_set1_epi32(__builtin_bit_cast(int32_t, bad)));
+  return _mm512_maskz_mov_ps(~m, a);  // -ffast-math may drop a float compare with an infinity)
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define INFERD_VEC 8
@@ -244,6 +248,10 @@ static inline vec vpow2i(vec p, vec n) {  // p 2^n for integral n >= -126 (exp's
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
+static inline vec vzero_where(vec a, vec x, float bad) {
+  const __m256i m = _mm256_cmpeq_epi32(_mm256_castps_si256(x), _mm256_set1_epi32(__builtin_bit_cast(int32_t, bad)));
+  return _mm256_andnot_ps(_mm256_castsi256_ps(m), a);
+}
 #endif
 
 #ifdef INFERD_VEC
@@ -660,8 +668,70 @@ torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::T
 #endif
   return prefill_sdpa(q, k_cache, v_cache, blocks, ctx, block_size, scale);
 }
+
+// One token per row of logits [B, V] (float32), drawn from softmax(logits / temperature) by inverting its
+// distribution function at u in [0, 1): the first token whose running sum of weights e^((l - max) / t), summed in
+// float64 in token order, passes u * total. A -inf logit (a masked token) weighs exactly 0, so is never drawn; the
+// sum is taken 16 tokens at a time, and inside the chunk that passes, the same sums from 0 in the same order find the
+// token (so the search always ends on a token of weight > 0 by the last chunk: u * total < total).
+torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch::Tensor u) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == torch::kFloat32,
+              "logits must be contiguous [rows, vocab] float32");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(temperature.is_contiguous() && temperature.scalar_type() == torch::kFloat32 && temperature.numel() == B,
+              "temperature must be [rows] float32");
+  TORCH_CHECK(u.is_contiguous() && u.scalar_type() == torch::kFloat64 && u.numel() == B, "u must be [rows] float64");
+  constexpr int64_t CH = 16;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  auto out = torch::empty({B}, torch::kInt64);
+  const float* lp = ptr<float>(logits);
+  const float* tp = ptr<float>(temperature);
+  const double* up = ptr<double>(u);
+  int64_t* op = ptr<int64_t>(out);
+  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> w(V);
+    std::vector<double> chunk((V + CH - 1) / CH);
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* l = lp + b * V;
+      float mx = neg_inf;
+      for (int64_t i = 0; i < V; ++i) mx = std::max(mx, l[i]);
+      const float inv = 1.f / tp[b];
+      int64_t i = 0;
+#ifdef INFERD_VEC
+      for (; i + W <= V; i += W) {
+        const vec x = vload(l + i);
+        vstore(w.data() + i, vzero_where(vexp(vmul(vsub(x, vset(mx)), vset(inv))), x, neg_inf));
+      }
+#endif
+      for (; i < V; ++i)
+        w[i] = __builtin_bit_cast(uint32_t, l[i]) == __builtin_bit_cast(uint32_t, neg_inf) ? 0.f : std::exp((l[i] - mx) * inv);
+      double total = 0;
+      for (int64_t c = 0; c < (int64_t)chunk.size(); ++c) {
+        double s = 0;
+        for (int64_t j = c * CH; j < std::min(V, (c + 1) * CH); ++j) s += w[j];
+        chunk[c] = s;
+        total += s;
+      }
+      const double threshold = up[b] * total;
+      int64_t token = 0;  // a row of masked tokens only (total 0) takes token 0
+      double run = 0;
+      for (int64_t c = 0; c < (int64_t)chunk.size() && total > 0; run += chunk[c], ++c) {
+        if (!(run + chunk[c] > threshold)) continue;
+        double s = 0;
+        for (int64_t j = c * CH; j < std::min(V, (c + 1) * CH); ++j) {
+          s += w[j];
+          if (run + s > threshold) { token = j; break; }
+        }
+        break;
+      }
+      op[b] = token;
+    }
+  });
+  return out;
+}
 """
-FUNCTIONS = ["rms_norm", "add_rms_norm", "silu_mul", "rope_cache", "paged_decode", "prefill_attention"]
+FUNCTIONS = ["rms_norm", "add_rms_norm", "silu_mul", "rope_cache", "paged_decode", "prefill_attention",
+             "sample_rows"]
 DTYPES = (torch.float32, torch.bfloat16)  # what the C++ ops take
 
 
@@ -731,6 +801,13 @@ class TorchKernels:
             visible = torch.arange(ctx) <= torch.arange(ctx - n, ctx).unsqueeze(1)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
         return out.squeeze(0).transpose(0, 1)
+
+    @staticmethod
+    def sample_rows(logits, temperature, u):
+        cdf = (logits / temperature.unsqueeze(1)).softmax(dim=-1).double().cumsum(dim=-1)
+        # u < 1, so u * total < total (rounded too): the first sum above it is a token's with probability, never a
+        # masked one, and u = 0 takes the first such token
+        return torch.searchsorted(cdf, u.unsqueeze(1) * cdf[:, -1:], right=True).squeeze(1)
 
 
 def kernels_for(dtype: torch.dtype, cpp: bool = True):
