@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from benchmarks.engine import _cpu_name
+from inferd.models.cpu import cpu_flags
 from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
 from inferd.models.int4 import GROUP, Int4Linear, int4_available
 from inferd.models.packed import PackedLinear
@@ -96,11 +97,20 @@ def main() -> None:
                 "general path": per_call_us(lambda: l8(x.view(1, 1, HIDDEN)), args.calls, args.repeats)}
             head = nn.Linear(HIDDEN, VOCAB, bias=False)  # lm_head: int8 against the bf16 copy, by rows (HEAD_MAX_ROWS)
             h8, dense = Int8Linear(head, kernel), PackedLinear(head.to(torch.bfloat16))
+            avx2 = load_int8_kernel("haswell") if "avx512f" in cpu_flags() else None
             for rows in (1, 2, 3, 4, 8):
                 x = torch.randn(rows, HIDDEN).to(torch.bfloat16)
                 result["linears_us"][f"lm_head {rows}x576 @ {VOCAB}"] = {
                     "int8": per_call_us(lambda: h8(x), args.calls // 20, args.repeats),
                     "bf16 prepacked": per_call_us(lambda: dense(x), args.calls // 20, args.repeats)}
+                if avx2 is not None:  # the kernel alone, this CPU's build and the AVX2 build, same int8 weights
+                    xf = x.float()
+                    result["linears_us"][f"lm_head {rows}x576 @ {VOCAB}"]["int8 kernel alone"] = per_call_us(
+                        lambda: kernel.int8_linear(xf, h8.weight, h8.scale, h8.bias, VOCAB, FUSED_MAX_M),
+                        args.calls // 20, args.repeats)
+                    result["linears_us"][f"lm_head {rows}x576 @ {VOCAB}"]["int8, AVX2 build"] = per_call_us(
+                        lambda: avx2.int8_linear(xf, h8.weight, h8.scale, h8.bias, VOCAB, FUSED_MAX_M),
+                        args.calls // 20, args.repeats)
         print(json.dumps(result["linears_us"], indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

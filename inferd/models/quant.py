@@ -5,7 +5,9 @@ step); int8 reads a quarter of that. The kernel (C++, AVX2 FMA, built on first
 use like the paged attention kernel) keeps the weights as int8 panels of 16
 output channels, [N/16, K, 16], and widens them to fp32 in registers for up
 to 12 rows (decode batches), or one panel at a time into an L2-sized fp32
-buffer that all rows then reuse (prefill).
+buffer that all rows then reuse (prefill). One row (decode of one sequence, and
+the int4 model's lm_head) runs on AVX-512 where the CPU has it: a panel is one
+register there.
 Activations stay fp32, so the only error is the weights' rounding. Where the
 kernel cannot be built, torch's `_weight_int8pack_mm` on the same int8 values
 serves. Measured against the alternatives in benchmarks/quantization.py.
@@ -150,6 +152,29 @@ static inline void row(const float* x, const int8_t* panel, int64_t K, const flo
   for (int64_t c = 0; c < cols; ++c) y[c] = tmp[c];
 }
 
+#if defined(__AVX512F__)
+// one row on AVX-512: a panel's 16 channels are one register (1.3-1.4x the AVX2 row above on lm_head, 49,152 x 576,
+// on a Sapphire Rapids: benchmarks/cpu_kernels.py)
+static inline __m512 widen16x(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+static inline void row512(const float* x, const int8_t* panel, int64_t K, const float* scale, const float* bias,
+                          float* y, int64_t cols) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), widen16x(panel + k * NR), a0);
+    a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), widen16x(panel + (k + 1) * NR), a1);
+    a2 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 2]), widen16x(panel + (k + 2) * NR), a2);
+    a3 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 3]), widen16x(panel + (k + 3) * NR), a3);
+  }
+  for (; k < K; ++k) a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), widen16x(panel + k * NR), a0);
+  const __m512 c = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  const __m512 v = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_loadu_ps(scale), c);
+  _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1), v);
+}
+#endif
+
 template <bool INT8>
 static void rows_at_most_6(int64_t R, const float* x, int64_t ldx, const void* panel, int64_t K, const float* scale,
                  const float* bias, float* y, int64_t ldy, int64_t cols) {
@@ -201,7 +226,11 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
       const float* s = sp + p * NR;
       const float* b = bp ? bp + p * NR : nullptr;
       if (M == 1) {
+#if defined(__AVX512F__)
+        row512(xp, panel, K, s, b, yp + p * NR, cols);
+#else
         row(xp, panel, K, s, b, yp + p * NR, cols);
+#endif
         continue;
       }
       if (M <= MR) {
@@ -225,18 +254,19 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
 
 
 @functools.cache
-def load_int8_kernel():
-    """The compiled module, or None where it cannot be built here (no compiler, no AVX2)."""
+def load_int8_kernel(march: str = "native"):
+    """The compiled module, or None where it cannot be built here (no compiler, no AVX2). `march` other than this
+    CPU's own is for tests and benchmarks: "haswell" builds the AVX2 loops on an AVX-512 machine."""
     if os.environ.get("INFERD_NO_CPP_KERNELS") or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
         return None
-    name = f"inferd_int8_linear_{_cpu_tag()}"
+    name = f"inferd_int8_linear_{_cpu_tag()}" + ("" if march == "native" else f"_{march.replace('-', '_')}")
     try:
         from torch.utils.cpp_extension import load_inline
 
         _drop_stale_lock(name)
         log.info("building the int8 linear kernel (cached after the first time)")
         return load_inline(name=name, cpp_sources=SOURCE, functions=["int8_linear"],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                           extra_cflags=["-O3", f"-march={march}", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except Exception as e:
         log.warning("int8 linear kernel unavailable (%s); using torch's _weight_int8pack_mm", e)
