@@ -20,6 +20,9 @@ class EngineConfig:
     block_size: int = setting(16, "tokens per KV cache block")
     max_model_len: int | None = setting(None, "default: the model's context length")
     pack_weights: bool = setting(True, "prepack linear weights for oneDNN where the CPU supports the dtype")
+    one_row_weights: bool = setting(True, "bfloat16 without quantization on a CPU with AVX-512 BF16: a second copy "
+                                    "of the linear weights for steps of one row (decode of one sequence), "
+                                    "1.15-1.2x oneDNN's reads there (benchmarks/linears.py)")
     quantization: str = setting("none", "int8: weight-only int8 linears, per output channel, float32 "
                                 "activations; int4: 4-bit Q4_1 groups of 32 (a Q4_1 GGUF's own weights), "
                                 "linear inputs rounded to bfloat16; auto: the fastest of these on this CPU", QUANTIZATIONS)

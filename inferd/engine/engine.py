@@ -19,7 +19,7 @@ from inferd.models.config import LoadedModel
 from inferd.models.cpu import auto_quantization, has_native_bf16, int4_max_rows
 from inferd.models.int4 import int4_available, quantize_int4_linears
 from inferd.models.llama import LlamaForCausalLM, StepInterrupted
-from inferd.models.packed import pack_linears
+from inferd.models.packed import one_row_ops, pack_linears
 from inferd.models.cpu_kernels import kernels_for
 from inferd.models.quant import Int8Linear, SmallRowsInt8, load_int8_kernel, quantize_linears
 
@@ -118,11 +118,13 @@ class LLMEngine:
         net = net.to(self.dtype).eval()
         if self.quantization == "int8":
             quantize_linears(net, load_int8_kernel())
-        if self.config.pack_weights:
-            pack_linears(net, self.dtype)
+        kernels = kernels_for(self.dtype, self.config.cpp_kernels)
+        if self.config.pack_weights:  # one row: only where the linears are bf16 for every batch (int4: 4-bit first)
+            one_row = self.quantization == "none" and self.config.one_row_weights
+            pack_linears(net, self.dtype, one_row_ops(kernels, self.dtype) if one_row else None)
         if head8 is not None:
             net.lm_head = SmallRowsInt8(head8, net.lm_head)
-        net.use_kernels(kernels_for(self.dtype, self.config.cpp_kernels))
+        net.use_kernels(kernels)
         return net
 
     def _draft_model(self, draft: LoadedModel | None) -> DraftModel:

@@ -729,9 +729,59 @@ torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch
   });
   return out;
 }
+
+// One row through a bf16 linear on AVX-512 BF16: y [1, N] = x [1, K] w^T (+ bias), w in pairs along K,
+// [N / 16][K / 2][16][2] (`pair_weights`), so that each vdpbf16ps adds two products to 16 outputs at once, with no
+// reduction across lanes; four accumulators over k. oneDNN's prepacked bf16 product reads SmolLM2's 121 linears at
+// one row at 18-19 GB/s on a Sapphire Rapids, this at 21-22 (benchmarks/linears.py).
+bool one_row_linear_native() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
+              "x must be one contiguous bfloat16 row");
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 2 && w.scalar_type() == torch::kBFloat16
+              && w.is_contiguous() && w.size(1) * 2 == x.size(1), "w must be [N / 16, K / 2, 16, 2] bfloat16");
+  const int64_t K = x.size(1), P = w.size(0), N = P * 16;
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
+              "bias must be empty or [N] float32");
+  auto y = torch::empty({1, N}, x.options());
+  const bf16* xp = ptr<bf16>(x);
+  const bf16* wp = ptr<bf16>(w);
+  const float* bp = bias.numel() ? ptr<float>(bias) : nullptr;
+  bf16* yp = ptr<bf16>(y);
+  at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const bf16* panel = wp + p * 16 * K;
+#if defined(__AVX512BF16__)
+      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      int64_t k2 = 0;
+      for (; k2 + 4 <= K / 2; k2 += 4)
+        for (int c = 0; c < 4; ++c)
+          a[c] = dot2(a[c], pair(xp + 2 * (k2 + c)), _mm512_loadu_si512(panel + (k2 + c) * 32));
+      for (; k2 < K / 2; ++k2) a[0] = dot2(a[0], pair(xp + 2 * k2), _mm512_loadu_si512(panel + k2 * 32));
+      __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+      if (bp) sum = _mm512_add_ps(sum, _mm512_loadu_ps(bp + p * 16));
+      _mm256_storeu_si256((__m256i*)(yp + p * 16), (__m256i)_mm512_cvtneps_pbh(sum));
+#else
+      for (int64_t o = 0; o < 16; ++o) {
+        float sum = bp ? bp[p * 16 + o] : 0.f;
+        for (int64_t k = 0; k < K; ++k) sum += ld(xp[k]) * ld(panel[(k / 2 * 16 + o) * 2 + k % 2]);
+        yp[p * 16 + o] = to<bf16>(sum);
+      }
+#endif
+    }
+  });
+  return y;
+}
 """
 FUNCTIONS = ["rms_norm", "add_rms_norm", "silu_mul", "rope_cache", "paged_decode", "prefill_attention",
-             "sample_rows"]
+             "sample_rows", "one_row_linear_native", "one_row_linear"]
 DTYPES = (torch.float32, torch.bfloat16)  # what the C++ ops take
 
 

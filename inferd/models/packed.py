@@ -15,14 +15,46 @@ PACK_FOR_BATCH = 32  # the packing oneDNN picks for this M serves all M measured
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, linear: nn.Linear):
+    """one_row: the C++ ops (inferd.models.cpu_kernels) to run a single bf16 row on, from a second copy of the
+    weights in pairs along K (`pair_weights`), or None: every batch on oneDNN."""
+
+    def __init__(self, linear: nn.Linear, one_row=None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_FOR_BATCH)
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.one_row = one_row
+        if one_row is not None:
+            self.pairs = pair_weights(linear.weight.detach())
+            self.row_bias = torch.empty(0) if linear.bias is None else torch.zeros(self.pairs.shape[0] * 16)
+            if linear.bias is not None:
+                self.row_bias[:self.out_features] = linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.one_row is not None and x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous():
+            y = self.one_row.one_row_linear(x, self.pairs, self.row_bias)
+            return y if y.shape[1] == self.out_features else y[:, :self.out_features]
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
+
+
+def pair_weights(w: torch.Tensor) -> torch.Tensor:
+    """bf16 [N, K] (K even) -> [ceil(N / 16), K / 2, 16, 2]: 16 outputs' pairs of weights side by side for each pair
+    of inputs, N padded with zero rows, the layout of the C++ `one_row_linear`."""
+    n, k = w.shape
+    padded = torch.zeros(-(-n // 16) * 16, k, dtype=torch.bfloat16)
+    padded[:n] = w
+    return padded.view(-1, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def one_row_ops(kernels, dtype: torch.dtype):
+    """The C++ ops where a single bf16 row is faster on them than on oneDNN (their build has AVX-512 BF16), else None.
+
+    Decoding one sequence reads every weight once a step: oneDNN's prepacked bf16 product reads SmolLM2's 121
+    linears at one row at 18-19 GB/s on a 2-core Sapphire Rapids, the C++ loop at 21-22 (benchmarks/linears.py),
+    for a second copy of the bf16 weights (EngineConfig.one_row_weights)."""
+    if dtype is not torch.bfloat16 or not hasattr(kernels, "one_row_linear_native"):
+        return None
+    return kernels if kernels.one_row_linear_native() else None
 
 
 def can_pack(dtype: torch.dtype) -> bool:
@@ -35,13 +67,14 @@ def can_pack(dtype: torch.dtype) -> bool:
     return True
 
 
-def pack_linears(model: nn.Module, dtype: torch.dtype) -> bool:
-    """Replaces every nn.Linear of `model` (already in `dtype`) by a PackedLinear. True if it did."""
+def pack_linears(model: nn.Module, dtype: torch.dtype, one_row=None) -> bool:
+    """Replaces every nn.Linear of `model` (already in `dtype`) by a PackedLinear (one_row: as PackedLinear takes
+    it). True if it did."""
     if not can_pack(dtype):
         log.info("oneDNN cannot prepack %s weights on this CPU; using plain linears", dtype)
         return False
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child))
+                setattr(parent, name, PackedLinear(child, one_row if child.in_features % 2 == 0 else None))
     return True

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from inferd.models.cpu_kernels import TorchKernels, kernels_for, load_cpp_kernels
+from inferd.models.packed import PackedLinear, one_row_ops
 
 cpp = load_cpp_kernels()
 pytestmark = pytest.mark.skipif(cpp is None, reason="no C++ toolchain here")
@@ -130,6 +131,31 @@ def test_prefill_attention_in_the_avx2_build_matches_torch(dtype):  # SDPA there
         q, k_cache, v_cache, *rest = prefill_case(dtype, *case)
         expected = TorchKernels.prefill_attention(q.float(), k_cache.float(), v_cache.float(), *rest)
         torch.testing.assert_close(avx2.prefill_attention(q, k_cache, v_cache, *rest).float(), expected, **tol(dtype))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("out_features,in_features", [(576, 576), (37, 6), (16, 1536), (49, 10)])
+def test_one_row_linear_matches_torch(out_features, in_features, bias):
+    if not cpp.one_row_linear_native():
+        pytest.skip("no AVX-512 BF16 here: the one-row loop is not used")
+    g = torch.Generator().manual_seed(out_features + in_features)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+    layer = PackedLinear(linear, one_row_ops(cpp, torch.bfloat16))
+    for rows in (1, 3):  # 3: oneDNN's packed weights
+        x = randn(rows, in_features, dtype=torch.bfloat16, g=g)
+        expected = torch.nn.functional.linear(x.float(), linear.weight.float(),
+                                              None if linear.bias is None else linear.bias.float())
+        torch.testing.assert_close(layer(x).float(), expected, **tol(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="one contiguous bfloat16 row"):
+        cpp.one_row_linear(torch.zeros(2, in_features, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
+    with pytest.raises(RuntimeError, match="w must be"):
+        cpp.one_row_linear(torch.zeros(1, in_features + 2, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
+
+
+def test_one_row_weights_only_for_bf16_on_the_cpp_ops():
+    assert one_row_ops(TorchKernels, torch.bfloat16) is None
+    assert one_row_ops(cpp, torch.float32) is None
+    assert (one_row_ops(cpp, torch.bfloat16) is cpp) == cpp.one_row_linear_native()
 
 
 def test_ops_refuse_other_dtypes_and_the_engine_falls_back():
