@@ -743,6 +743,7 @@ bool one_row_linear_native() {
 }
 
 torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+  TORCH_CHECK(one_row_linear_native(), "one_row_linear needs a build with AVX-512 BF16");
   TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
               "x must be one contiguous bfloat16 row");
   TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 2 && w.scalar_type() == torch::kBFloat16
@@ -755,10 +756,10 @@ torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
   const bf16* wp = ptr<bf16>(w);
   const float* bp = bias.numel() ? ptr<float>(bias) : nullptr;
   bf16* yp = ptr<bf16>(y);
+#if defined(__AVX512BF16__)
   at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const bf16* panel = wp + p * 16 * K;
-#if defined(__AVX512BF16__)
       __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
       int64_t k2 = 0;
       for (; k2 + 4 <= K / 2; k2 += 4)
@@ -768,15 +769,9 @@ torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
       __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
       if (bp) sum = _mm512_add_ps(sum, _mm512_loadu_ps(bp + p * 16));
       _mm256_storeu_si256((__m256i*)(yp + p * 16), (__m256i)_mm512_cvtneps_pbh(sum));
-#else
-      for (int64_t o = 0; o < 16; ++o) {
-        float sum = bp ? bp[p * 16 + o] : 0.f;
-        for (int64_t k = 0; k < K; ++k) sum += ld(xp[k]) * ld(panel[(k / 2 * 16 + o) * 2 + k % 2]);
-        yp[p * 16 + o] = to<bf16>(sum);
-      }
-#endif
     }
   });
+#endif
   return y;
 }
 """
