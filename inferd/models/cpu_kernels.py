@@ -733,7 +733,11 @@ torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch
 // One row through a bf16 linear on AVX-512 BF16: y [1, N] = x [1, K] w^T (+ bias), w in pairs along K,
 // [N / 16][K / 2][16][2] (`pair_weights`), so that each vdpbf16ps adds two products to 16 outputs at once, with no
 // reduction across lanes; four accumulators over k. oneDNN's prepacked bf16 product reads SmolLM2's 121 linears at
-// one row at 18-19 GB/s on a Sapphire Rapids, this at 21-22 (benchmarks/linears.py).
+// one row at 18-19 GB/s on a Sapphire Rapids, this at 21-22 (benchmarks/linears.py), and 24-27 with each thread
+// asking for the weights 4 KiB ahead of its loads (the hardware's stream prefetch alone leaves the cores waiting; a
+// prefetch past the end of the tensor is only a hint, never a fault).
+constexpr int ROW_PREFETCH_BYTES = 4096;
+
 bool one_row_linear_native() {
 #if defined(__AVX512BF16__)
   return true;
@@ -762,9 +766,11 @@ torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
       const bf16* panel = wp + p * 16 * K;
       __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
       int64_t k2 = 0;
-      for (; k2 + 4 <= K / 2; k2 += 4)
+      for (; k2 + 4 <= K / 2; k2 += 4) {
+        _mm_prefetch((const char*)(panel + k2 * 32) + ROW_PREFETCH_BYTES, _MM_HINT_T0);
         for (int c = 0; c < 4; ++c)
           a[c] = dot2(a[c], pair(xp + 2 * (k2 + c)), _mm512_loadu_si512(panel + (k2 + c) * 32));
+      }
       for (; k2 < K / 2; ++k2) a[0] = dot2(a[0], pair(xp + 2 * k2), _mm512_loadu_si512(panel + k2 * 32));
       __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
       if (bp) sum = _mm512_add_ps(sum, _mm512_loadu_ps(bp + p * 16));
