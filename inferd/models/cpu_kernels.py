@@ -733,9 +733,9 @@ torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch
 // One row through a bf16 linear on AVX-512 BF16: y [1, N] = x [1, K] w^T (+ bias), w in pairs along K,
 // [N / 16][K / 2][16][2] (`pair_weights`), so that each vdpbf16ps adds two products to 16 outputs at once, with no
 // reduction across lanes; four accumulators over k. oneDNN's prepacked bf16 product reads SmolLM2's 121 linears at
-// one row at 18-19 GB/s on a Sapphire Rapids, this at 21-22 (benchmarks/linears.py), and 24-27 with each thread
-// asking for the weights 4 KiB ahead of its loads (the hardware's stream prefetch alone leaves the cores waiting; a
-// prefetch past the end of the tensor is only a hint, never a fault).
+// one row at 18-19 GB/s on a Sapphire Rapids, this at 21-22 (benchmarks/linears.py), and 22-27 with a prefetch 4 KiB
+// ahead, one cache line for each four the loop reads (the hardware's stream prefetch alone leaves the cores
+// waiting; a prefetch past the end of the tensor is only a hint, never a fault).
 constexpr int ROW_PREFETCH_BYTES = 4096;
 
 bool one_row_linear_native() {
