@@ -1,5 +1,6 @@
 """`inferd serve` (gateway + one replica process) driven over HTTP: keys, limits, queues, deadlines, usage."""
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -186,14 +187,25 @@ def test_a_deadline_that_passes_in_the_queue_expires_the_request(server, url):
     name = unique("late")
     key = new_tenant_key(server[1], name, "--deadline-ms", "400")
     flood_key = new_tenant_key(server[1], unique("busy"), "--queue-share", "1.0")
-    with ThreadPoolExecutor(12) as pool:
-        # 128 tokens each: no place frees within the deadline, however fast the engine
-        busy = [pool.submit(chat, url, flood_key, max_tokens=128, ignore_eos=True) for _ in range(10)]
-        time.sleep(0.5)
+    with ThreadPoolExecutor(MAX_INFLIGHT + 2) as pool:
+        # every slot held by 128-token requests, so none frees within the deadline however fast the engine; a
+        # long client timeout, since cores shared with other tests' servers slow the flood many times over
+        busy = [pool.submit(chat, url, flood_key, max_tokens=128, ignore_eos=True, timeout=600)
+                for _ in range(MAX_INFLIGHT + 2)]
+        wait_for_gauge(url, "inferd_gateway_inflight_requests", MAX_INFLIGHT)
         r = chat(url, key)  # its tenant's default deadline
-        [f.result() for f in busy]
+        assert all(f.result().status_code == 200 for f in busy)
     assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded"
     assert [row["status"] for row in records(server, name)] == ["expired"]
+
+
+def wait_for_gauge(url: str, name: str, value: float, timeout_s: float = 120) -> None:
+    """Until the gateway's /metrics shows gauge `name` (any labels) at `value`."""
+    pattern = re.compile(rf"^{name}(\{{[^}}]*\}})? (\S+)$", re.M)
+    give_up = time.monotonic() + timeout_s
+    while not any(float(v) == value for _, v in pattern.findall(httpx.get(f"{url}/metrics", timeout=30).text)):
+        assert time.monotonic() < give_up, f"{name} never reached {value}"
+        time.sleep(0.05)
 
 
 def test_one_tenants_burst_does_not_take_anothers_turn(server, url):
