@@ -18,6 +18,7 @@ from inferd.engine.sequence import Sequence
 from inferd.models.config import LoadedModel
 from inferd.models.cpu import auto_quantization, has_native_bf16, int4_max_rows
 from inferd.models.int4 import int4_available, quantize_int4_linears
+from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.llama import LlamaForCausalLM, StepInterrupted
 from inferd.models.packed import one_row_ops, pack_linears
 from inferd.models.cpu_kernels import kernels_for
@@ -112,7 +113,7 @@ class LLMEngine:
         if self.quantization == "int4":  # from the float32 weights: a Q4_1 source's blocks come back exactly;
             # lm_head (tied: the embedding, Q8_0 in the packaged file) is not 4-bit: that costs 3.7 % perplexity.
             # It runs int8 at a few rows (where the kernel builds), its dense bf16 copy above.
-            quantize_int4_linears(net, int4_max_rows(), skip=("lm_head",))
+            quantize_int4_linears(net, int4_max_rows(load_int4_kernel() is not None), skip=("lm_head",))
             if (kernel := load_int8_kernel()) is not None:
                 head8 = Int8Linear(net.lm_head, kernel)
         net = net.to(self.dtype).eval()

@@ -17,16 +17,20 @@ def has_native_bf16() -> bool:
 
 
 
-def int4_max_rows() -> int:
-    """Rows of a linear up to which the int4 kernel beats a dense bf16 matmul on this CPU (above: dense).
+def int4_max_rows(own_kernel: bool) -> int:
+    """Rows of a linear up to which the int4 kernel beats a dense bf16 matmul on this CPU (above: dense);
+    own_kernel: ours (inferd.models.int4_kernel) serves, not torch's.
 
-    Measured on an AVX-512 BF16 EPYC (Zen 4, no AMX), all 121 linears of SmolLM2: int4 0.5x bf16's time at
-    1-2 rows, even at 4, 1.4x at 8 (benchmarks/results/quant-zen4-avx512bf16.md). Not measured on AMX, where
-    dense bf16 is faster: 2 there. Without native bf16 auto does not pick int4; a forced one uses the kernel
-    for one row only."""
+    Measured on an AVX-512 BF16 EPYC (Zen 4, no AMX), SmolLM2's 120 layer linears: torch's kernel 0.5x bf16's
+    time at 1-2 rows, even at 4, 1.4x at 8 (benchmarks/results/quant-zen4-avx512bf16.md); ours 0.28x at one row,
+    0.56x at 8, 0.89x at 32, 0.93x at 64, even at 96 (benchmarks/results/int4-linear-zen4.md). Not measured on
+    AMX, where dense bf16 is faster: 2 there. Without native bf16 auto does not pick int4; a forced one uses the
+    kernel for one row only."""
     if "amx_bf16" in cpu_flags():
         return 2
-    return 4 if has_native_bf16() else 1
+    if has_native_bf16():
+        return 64 if own_kernel else 4
+    return 1
 
 
 def auto_quantization(dtype: str) -> str:

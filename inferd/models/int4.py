@@ -7,17 +7,21 @@ The packaged SmolLM2 file stores its linears as Q4_1, so `quantize_q4_1` on the 
 dequantized gives back the file's own q, d and m (llama.cpp's Q4_1 puts each group's min at q = 0 and its
 max at q = 15): the 4-bit model computes on the file's weights, not a second rounding of them.
 
-The kernel does not reuse an unpacked weight across rows: its time grows with M, and from a few rows on a
-dense bf16 matmul is faster. Each layer therefore also keeps the same weights dequantized to bf16 (oneDNN
-prepacked) and uses them above `max_rows` rows (inferd.models.cpu.int4_max_rows, measured in
-benchmarks/quantization.py). Measured against bf16, fp32 and int8 in benchmarks/quantization.py and
-benchmarks/engine.py.
+Where the CPU has AVX-512 BF16, our own kernel (inferd.models.int4_kernel) takes the weights instead, with d
+and m in fp16 as the file has them: 1.5x torch's at one row, 1.6-2.1x at more, on a Zen 4
+(benchmarks/int4_linear.py).
+
+Either kernel's time grows with the rows, and from a few rows on a dense bf16 matmul is faster. Each layer
+therefore also keeps the same weights dequantized to bf16 (oneDNN prepacked) and uses them above `max_rows` rows
+(inferd.models.cpu.int4_max_rows, measured in benchmarks/int4_linear.py and benchmarks/quantization.py).
+Measured against bf16, fp32 and int8 in benchmarks/quantization.py and benchmarks/engine.py.
 """
 import logging
 
 import torch
 from torch import nn
 
+from inferd.models.int4_kernel import load_int4_kernel, pack_panels
 from inferd.models.packed import PackedLinear, can_pack
 
 log = logging.getLogger(__name__)
@@ -68,41 +72,58 @@ def kernel_dequantized(scales: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 class Int4Linear(nn.Module):
-    """nn.Linear with 4-bit weights (Q4_1 groups); bf16 in and out, the int4 kernel up to max_rows rows."""
+    """nn.Linear with 4-bit weights (Q4_1 groups); bf16 in and out, a 4-bit kernel up to max_rows rows: ours
+    (`kernel`, from load_int4_kernel) where given, else torch's."""
 
-    def __init__(self, linear: nn.Linear, max_rows: int):
+    def __init__(self, linear: nn.Linear, max_rows: int, kernel=None):
         super().__init__()
         self.in_features, self.out_features, self.max_rows = linear.in_features, linear.out_features, max_rows
         q, d, m = quantize_q4_1(linear.weight)
         self.exact = bool((dequantize_q4_1(q, d, m) - linear.weight.float()).abs().max() <= 1e-3 * d.max())
-        rows = -(-self.out_features // ROWS_MULTIPLE) * ROWS_MULTIPLE
-        padded = torch.zeros(rows, self.in_features, dtype=torch.int32)
-        padded[:self.out_features] = q
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(padded, 1)
-        self.scales = kernel_scales(d, m, rows)
-        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16).clone()
-        dense = nn.Linear(self.in_features, self.out_features, bias=linear.bias is not None, dtype=torch.bfloat16)
+        self.kernel = kernel
+        bias = None if linear.bias is None else linear.bias.detach()
+        if kernel is not None:  # d and m in fp16, as a Q4_1 file has them
+            d, m = d.half().float(), m.half().float()
+            self.nibbles, self.dm = pack_panels(q, d, m)
+            self.row_bias = torch.zeros(self.nibbles.shape[0] * 16) if bias is not None else torch.empty(0)
+            if bias is not None:
+                self.row_bias[:self.out_features] = bias.float()
+            weight = dequantize_q4_1(q, d, m)
+        else:
+            rows = -(-self.out_features // ROWS_MULTIPLE) * ROWS_MULTIPLE
+            padded = torch.zeros(rows, self.in_features, dtype=torch.int32)
+            padded[:self.out_features] = q
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(padded, 1)
+            self.scales = kernel_scales(d, m, rows)
+            weight = kernel_dequantized(self.scales, q)
+        # torch's kernel: its output is the answer as it is (no padding to cut, no bias to add)
+        self.simple = kernel is None and self.out_features % ROWS_MULTIPLE == 0 and bias is None
+        self.bias = None if bias is None else bias.to(torch.bfloat16).clone()
+        dense = nn.Linear(self.in_features, self.out_features, bias=bias is not None, dtype=torch.bfloat16)
         with torch.no_grad():
-            dense.weight.copy_(kernel_dequantized(self.scales, q))
-            if self.bias is not None:
+            dense.weight.copy_(weight)
+            if bias is not None:
                 dense.bias.copy_(self.bias)
         self.dense = PackedLinear(dense) if can_pack(torch.bfloat16) else dense.requires_grad_(False)
-        self.simple = rows == self.out_features and self.bias is None  # the kernel's output is the answer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype is torch.bfloat16 and x.dim() == 2 and x.is_contiguous() and self.simple:
+        if x.dtype is torch.bfloat16 and x.dim() == 2 and x.is_contiguous():
             # the decoder's case, without the casts and reshapes below (~10 us a call at one row: benchmarks/cpu_kernels.py)
             if x.shape[0] > self.max_rows:
                 return self.dense(x)
-            return _int4_mm(x, self.packed, GROUP, self.scales)
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+            if self.kernel is not None:
+                return self.kernel.int4_linear(x, self.nibbles, self.dm, self.row_bias, self.out_features)
+            if self.simple:
+                return _int4_mm(x, self.packed, GROUP, self.scales)
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
         if flat.shape[0] > self.max_rows:
-            return self.dense(flat).view(*x.shape[:-1], self.out_features).to(x.dtype)
-        y = _int4_mm(flat.contiguous(), self.packed, GROUP, self.scales)
-        if y.shape[1] != self.out_features:
-            y = y[:, :self.out_features]
-        if self.bias is not None:
-            y = y + self.bias
+            y = self.dense(flat)
+        elif self.kernel is not None:
+            y = self.kernel.int4_linear(flat, self.nibbles, self.dm, self.row_bias, self.out_features)
+        else:
+            y = _int4_mm(flat, self.packed, GROUP, self.scales)[:, :self.out_features]
+            if self.bias is not None:
+                y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
@@ -113,7 +134,7 @@ def quantize_int4_linears(model: nn.Module, max_rows: int, skip: tuple[str, ...]
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.in_features % GROUP == 0 and name not in skip:
-                layer = Int4Linear(child, max_rows)
+                layer = Int4Linear(child, max_rows, load_int4_kernel())
                 setattr(parent, name, layer)
                 count, exact = count + 1, exact + layer.exact
     log.info("int4 weights for %d linears (%d of them exactly the source's Q4_1 blocks), int4 kernel up to "

@@ -10,14 +10,8 @@ from inferd.engine.engine import LLMEngine, resolve_dtype, resolve_quantization
 from inferd.engine.request import SamplingParams
 from inferd.models.cpu import auto_quantization, has_native_bf16
 from inferd.models.quant import SmallRowsInt8, load_int8_kernel
-from inferd.models.int4 import (
-    GROUP,
-    Int4Linear,
-    dequantize_q4_1,
-    int4_available,
-    kernel_dequantized,
-    quantize_q4_1,
-)
+from inferd.models.int4 import GROUP, Int4Linear, dequantize_q4_1, int4_available, quantize_q4_1
+from inferd.models.int4_kernel import load_int4_kernel, pack_panels
 from tests.engine.test_engine import run
 from tests.tiny import tiny_loaded_model
 
@@ -74,29 +68,69 @@ def test_packaged_model_linears_are_its_own_q4_1_blocks():
     torch.testing.assert_close(d2, d, rtol=1e-5, atol=0)
 
 
+OURS = pytest.param("ours", marks=pytest.mark.skipif(load_int4_kernel() is None, reason="no AVX-512 BF16 here"))
+
+
+def kernel_of(name: str):
+    return load_int4_kernel() if name == "ours" else None
+
+
+@pytest.mark.parametrize("kernel", [OURS, "torch"])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 40])
 @pytest.mark.parametrize("out_features,in_features,bias", [(48, 64, False), (37, 96, True), (5, 32, False),
                                                            (16, 32, True)])
-def test_int4_linear_matches_dequantized_reference(rows, out_features, in_features, bias):
+def test_int4_linear_matches_dequantized_reference(kernel, rows, out_features, in_features, bias):
     torch.manual_seed(rows * out_features)
     linear = nn.Linear(in_features, out_features, bias=bias)
-    layer = Int4Linear(linear, max_rows=8)
-    q, _, _ = quantize_q4_1(linear.weight)
+    layer = Int4Linear(linear, max_rows=8, kernel=kernel_of(kernel))
+    ref_weight = dequantize_q4_1(*quantize_q4_1(linear.weight))
     x = torch.randn(rows, in_features).to(torch.bfloat16)
-    ref = nn.functional.linear(x.float(), kernel_dequantized(layer.scales, q),
-                               None if linear.bias is None else linear.bias.detach().bfloat16().float())
+    ref = nn.functional.linear(x.float(), ref_weight, None if linear.bias is None else linear.bias.detach().bfloat16().float())
     out = layer(x)
     assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
     tolerance = 2e-2 * ref.abs().max().item()
     torch.testing.assert_close(out.float(), ref, atol=tolerance, rtol=1e-2)
     torch.testing.assert_close(layer(x.view(1, rows, in_features)).float(), ref.view(1, rows, -1), atol=tolerance,
                                rtol=1e-2)
+    torch.testing.assert_close(layer(x.float()), ref, atol=tolerance, rtol=1e-2)  # a float32 model's input
     assert layer.exact is False  # random weights are not Q4_1 blocks
 
 
-def test_kernel_and_dense_paths_agree():
+@pytest.mark.skipif(load_int4_kernel() is None, reason="no AVX-512 BF16 here")
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17])
+@pytest.mark.parametrize("n,k", [(16, 32), (17, 64), (1, 32), (100, 160), (960, 576)])
+def test_our_kernel_on_q4_1_file_values_is_float32_accurate(rows, n, k):
+    """Q4_1 weights as a file has them (fp16 d and m): our kernel computes them exactly, so against a float64
+    reference it is off by its float32 sums and the bf16 rounding of its output only."""
+    w, q, d, m = q4_1_file_values(n, k, seed=rows + n)
+    nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
+    bias = torch.randn(nibbles.shape[0] * 16)
+    x = torch.randn(rows, k).bfloat16()
+    ref = x.double() @ w.double().t() + bias[:n].double()
+    out = load_int4_kernel().int4_linear(x, nibbles, dm, bias, n)
+    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), ref, rtol=2 ** -8, atol=1e-4 * ref.abs().max().item())
+    torch.testing.assert_close(out, ref.bfloat16(), rtol=2 ** -7, atol=1e-4 * ref.abs().max().item())
+
+
+@pytest.mark.skipif(load_int4_kernel() is None, reason="no AVX-512 BF16 here")
+def test_our_kernel_refuses_what_it_cannot_take():
+    _, q, d, m = q4_1_file_values(16, 64)
+    nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
+    kernel = load_int4_kernel()
+    with pytest.raises(RuntimeError, match="disagree on K"):
+        kernel.int4_linear(torch.randn(1, 32).bfloat16(), nibbles, dm, torch.empty(0), 16)
+    with pytest.raises(RuntimeError, match="bf16"):
+        kernel.int4_linear(torch.randn(1, 64), nibbles, dm, torch.empty(0), 16)
+    with pytest.raises(RuntimeError, match="on N"):
+        kernel.int4_linear(torch.randn(1, 64).bfloat16(), nibbles, dm, torch.empty(0), 17)
+
+
+@pytest.mark.parametrize("kernel", [OURS, "torch"])
+def test_kernel_and_dense_paths_agree(kernel):
     linear = nn.Linear(64, 48, bias=False)
-    kernel_only, dense_only = Int4Linear(linear, max_rows=1000), Int4Linear(linear, max_rows=0)
+    kernel_only = Int4Linear(linear, max_rows=1000, kernel=kernel_of(kernel))
+    dense_only = Int4Linear(linear, max_rows=0, kernel=kernel_of(kernel))
     x = torch.randn(4, 64).to(torch.bfloat16)
     torch.testing.assert_close(kernel_only(x).float(), dense_only(x).float(), atol=3e-2, rtol=2e-2)
 
@@ -105,10 +139,12 @@ def test_kernel_and_dense_paths_agree():
 def test_int4_engine_runs_and_agrees_with_fp32(dtype):
     model = tiny_loaded_model()
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    prompts = {f"r{i}": list(range(3 + i, 13 + 2 * i)) for i in range(10)}  # 10 decodes: above max_rows
+    prompts = {f"r{i}": list(range(3 + i, 13 + 2 * i)) for i in range(10)}  # 10 decodes
     outputs = []
     for config in (dict(dtype="float32"), dict(dtype=dtype, quantization="int4")):
         e = LLMEngine(model, EngineConfig(num_kv_blocks=64, block_size=4, **config))
+        for layer in (m for m in e.model.modules() if isinstance(m, Int4Linear)):
+            layer.max_rows = 4  # the prompts and the 10 decodes on the dense copy, 4 decodes left on the kernel
         tokens = run(e, {rid: (ids, params) for rid, ids in prompts.items()})[0]
         assert all(len(t) == 8 for t in tokens.values())
         outputs.append(tokens)
