@@ -57,8 +57,8 @@ def main() -> None:
     ours = [Int4Linear(as_linear(w), 1 << 30, kernel) for w in weights]
     torchs = [Int4Linear(as_linear(w), 1 << 30) for w in weights]
     dense = [layer.dense for layer in ours]
-    bytes_ours = sum(layer.nibbles.nbytes + layer.dm.nbytes for layer in ours)
-    bytes_torch = sum(layer.packed.nbytes + layer.scales.nbytes for layer in torchs)
+    bytes_ours = sum(layer.four_bit_bytes() for layer in ours)
+    bytes_torch = sum(layer.four_bit_bytes() for layer in torchs)
     bytes_dense = sum(w.numel() * 2 for w in weights)
     targets = {"ours": (ours, bytes_ours), "torch int4": (torchs, bytes_torch), "dense bf16": (dense, bytes_dense)}
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

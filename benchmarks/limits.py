@@ -68,7 +68,7 @@ def weight_bytes(net: nn.Module, rows: int) -> int:
         nonlocal total
         if isinstance(m, Int4Linear):
             if rows <= m.max_rows:
-                total += m.packed.nbytes + m.scales.nbytes
+                total += m.four_bit_bytes()
             else:
                 total += m.in_features * m.out_features * 2  # its bf16 dense copy
             return

@@ -35,6 +35,7 @@ from inferd.engine.request import SamplingParams
 from inferd.models.llama import AttentionMetadata, LlamaForCausalLM, PrefillChunk
 from inferd.models.loader import load_model
 from inferd.models.int4 import Int4Linear, int4_available
+from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.packed import PACK_FOR_BATCH
 from inferd.models.quant import Int8Linear, SmallRowsInt8, load_int8_kernel, quantize_int8
 
@@ -128,6 +129,9 @@ def candidates(kernel) -> dict:
     if int4_available():
         out["int4 aten._weight_int4pack_mm_for_cpu (bf16 x)"] = (lambda lin: Int4Linear(lin, max_rows=1 << 30),
                                                                  lambda m, x: m(x), None)
+    if load_int4_kernel() is not None:
+        out["int4 inferd C++ AVX-512 BF16 kernel (bf16 x)"] = (
+            lambda lin: Int4Linear(lin, max_rows=1 << 30, kernel=load_int4_kernel()), lambda m, x: m(x), None)
     return out
 
 
@@ -238,7 +242,7 @@ def quality(model, variants: dict[str, dict]) -> dict:
         if int4_lm_head:
             lm_head = nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
             lm_head.weight = nn.Parameter(model.weights["model.embed_tokens.weight"].float(), requires_grad=False)
-            engine.model.lm_head = Int4Linear(lm_head, engine.model.layers[0].mlp.down_proj.max_rows)
+            engine.model.lm_head = Int4Linear(lm_head, engine.model.layers[0].mlp.down_proj.max_rows, load_int4_kernel())
         for layer in (m for m in engine.model.modules() if isinstance(m, (Int4Linear, SmallRowsInt8)) and int4_max_rows):
             layer.max_rows = int4_max_rows
         logits, tokens = all_logits(engine.model, ids), greedy(engine, prompts)

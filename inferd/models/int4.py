@@ -106,6 +106,12 @@ class Int4Linear(nn.Module):
                 dense.bias.copy_(self.bias)
         self.dense = PackedLinear(dense) if can_pack(torch.bfloat16) else dense.requires_grad_(False)
 
+    def four_bit_bytes(self) -> int:
+        """Bytes of the 4-bit weights and their scales, as the kernel reads them."""
+        if self.kernel is not None:
+            return self.nibbles.nbytes + self.dm.nbytes
+        return self.packed.nbytes + self.scales.nbytes
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype is torch.bfloat16 and x.dim() == 2 and x.is_contiguous():
             # the decoder's case, without the casts and reshapes below (~10 us a call at one row: benchmarks/cpu_kernels.py)
