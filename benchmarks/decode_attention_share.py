@@ -16,7 +16,6 @@ from datetime import datetime, timezone
 import torch
 
 from benchmarks.engine import _cpu_name, _log, inferd_decode, inferd_engine
-from inferd.models.llama import Attention
 from inferd.models.loader import load_model
 
 
@@ -47,16 +46,13 @@ def main() -> None:
     runs: dict[tuple, list[float]] = {}
     for _ in range(args.repeats):
         for name, engine in engines.items():
-            layers = [m for m in engine.model.modules() if isinstance(m, Attention)]
-            real = layers[0].kernels
+            real = engine.model.kernels
             for b in batches:
                 for mode, kernels in (("with", real), ("without", WithoutAttention(real))):
-                    for layer in layers:
-                        layer.kernels = kernels
+                    engine.model.use_kernels(kernels)
                     runs.setdefault((name, b, mode), []).append(inferd_decode(engine, b))
                     _log(f"{name} B={b} {mode} attention: {runs[name, b, mode][-1]:.1f} tok/s")
-            for layer in layers:
-                layer.kernels = real
+            engine.model.use_kernels(real)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
               "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__,
                           "python": platform.python_version(),

@@ -245,6 +245,7 @@ def quality(model, variants: dict[str, dict]) -> dict:
             engine.model.lm_head = Int4Linear(lm_head, engine.model.layers[0].mlp.down_proj.max_rows, load_int4_kernel())
         for layer in (m for m in engine.model.modules() if isinstance(m, (Int4Linear, SmallRowsInt8)) and int4_max_rows):
             layer.max_rows = int4_max_rows
+        engine.model.replan()  # linears replaced above
         logits, tokens = all_logits(engine.model, ids), greedy(engine, prompts)
         if ref is None:
             ref = logits, tokens

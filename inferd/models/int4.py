@@ -96,8 +96,6 @@ class Int4Linear(nn.Module):
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(padded, 1)
             self.scales = kernel_scales(d, m, rows)
             weight = kernel_dequantized(self.scales, q)
-        # torch's kernel: its output is the answer as it is (no padding to cut, no bias to add)
-        self.simple = kernel is None and self.out_features % ROWS_MULTIPLE == 0 and bias is None
         self.bias = None if bias is None else bias.to(torch.bfloat16).clone()
         dense = nn.Linear(self.in_features, self.out_features, bias=bias is not None, dtype=torch.bfloat16)
         with torch.no_grad():
@@ -113,24 +111,29 @@ class Int4Linear(nn.Module):
         return self.packed.nbytes + self.scales.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype is torch.bfloat16 and x.dim() == 2 and x.is_contiguous():
-            # the decoder's case, without the casts and reshapes below (~10 us a call at one row: benchmarks/cpu_kernels.py)
-            if x.shape[0] > self.max_rows:
-                return self.dense(x)
-            if self.kernel is not None:
-                return self.kernel.int4_linear(x, self.nibbles, self.dm, self.row_bias, self.out_features)
-            if self.simple:
-                return _int4_mm(x, self.packed, GROUP, self.scales)
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        if flat.shape[0] > self.max_rows:
-            y = self.dense(flat)
-        elif self.kernel is not None:
-            y = self.kernel.int4_linear(flat, self.nibbles, self.dm, self.row_bias, self.out_features)
-        else:
-            y = _int4_mm(flat, self.packed, GROUP, self.scales)[:, :self.out_features]
-            if self.bias is not None:
-                y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return self.op(torch.bfloat16)(flat).view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def op(self, dtype: torch.dtype):
+        """This linear as one function of a 2-D contiguous input of `dtype`, its weights bound once (the decoder's
+        calls): the 4-bit kernel up to max_rows rows (read at each call), the dense copy above. Inputs other than
+        bf16 take forward's casts."""
+        if dtype is not torch.bfloat16:
+            return self
+        dense = self.dense.op(dtype) if isinstance(self.dense, PackedLinear) else self.dense
+        n = self.out_features
+        if self.kernel is not None:
+            int4, nibbles, dm, bias = self.kernel.int4_linear, self.nibbles, self.dm, self.row_bias
+            return lambda x: int4(x, nibbles, dm, bias, n) if x.shape[0] <= self.max_rows else dense(x)
+        packed, scales, bias, cut = self.packed, self.scales, self.bias, self.scales.shape[1] != n
+
+        def torch_kernel(x: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] > self.max_rows:
+                return dense(x)
+            y = _int4_mm(x, packed, GROUP, scales)
+            y = y[:, :n].contiguous() if cut else y
+            return y if bias is None else y + bias
+        return torch_kernel
 
 
 def quantize_int4_linears(model: nn.Module, max_rows: int, skip: tuple[str, ...] = ()) -> int:

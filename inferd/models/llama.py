@@ -89,26 +89,16 @@ def interleave_halves(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     return w.view(-1, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
-# ---- layers
+# ---- layers: weight holders; a forward runs them as plain calls (LayerOps), not through nn.Module calls
 
 class RMSNorm(nn.Module):
-    kernels = TorchKernels  # the ops of inferd.models.cpu_kernels this layer runs on (LlamaForCausalLM.use_kernels)
-
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The norm of x, or with residual: residual += x in place, then the norm of residual."""
-        if residual is None:
-            return self.kernels.rms_norm(x, self.weight, self.eps)
-        return self.kernels.add_rms_norm(x, residual, self.weight, self.eps)
-
 
 class Attention(nn.Module):
-    kernels = TorchKernels
-
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
@@ -117,44 +107,12 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x, rope, meta: AttentionMetadata, k_cache, v_cache):
-        """rope: (cos, sin, positions)."""
-        q = self.kernels.rope_cache(self.qkv_proj(x), *rope, k_cache, v_cache, meta.slot_mapping,
-                                    self.num_heads, self.num_kv_heads)  # [T, H, hd]; K/V now in the cache
-        d = meta.num_decode_tokens
-        if d and not meta.prefills:
-            out = self._decode(q, meta, k_cache, v_cache)
-        else:
-            out = torch.empty_like(q)
-            if d:
-                out[:d] = self._decode(q[:d], meta, k_cache, v_cache)
-            for chunk in meta.prefills:
-                rows = slice(chunk.start, chunk.start + chunk.num_tokens)
-                out[rows] = self._prefill(q[rows], chunk, meta.block_size, k_cache, v_cache)
-        return self.o_proj(out.view(-1, self.q_size))
-
-    def _decode(self, q, meta: AttentionMetadata, k_cache, v_cache):
-        # a record_function costs microseconds, 30 a step: named only under the profiler
-        with record_function("inferd::paged_decode_attention") if torch.autograd._profiler_enabled() else nullcontext():
-            return self.kernels.paged_decode(q, k_cache, v_cache, meta.decode_blocks, meta.decode_lens,
-                                             meta.block_size, self.scale)
-
-    def _prefill(self, q, chunk: PrefillChunk, block_size: int, k_cache, v_cache):
-        with record_function("inferd::prefill_attention") if torch.autograd._profiler_enabled() else nullcontext():
-            return self.kernels.prefill_attention(q, k_cache, v_cache, chunk.context_blocks, chunk.context_len,
-                                                  block_size, self.scale)
-
 
 class MLP(nn.Module):
-    kernels = TorchKernels
-
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(self.kernels.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -165,15 +123,77 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, h, residual, rope, meta, k_cache, v_cache):
-        """Returns (this layer's MLP output, the residual stream before it): the sum is the layer's output,
-        added by the next norm (add_rms_norm) instead of on its own."""
-        if residual is None:
-            residual, x = h, self.input_layernorm(h)
-        else:
-            x = self.input_layernorm(h, residual)
-        x = self.post_attention_layernorm(self.self_attn(x, rope, meta, k_cache, v_cache), residual)
-        return self.mlp(x), residual
+
+def linear_op(module: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What a linear runs a 2-D contiguous input of `dtype` with: its own op(dtype) where it has one (prepacked,
+    int4, int8: their kernel and weights bound once), else the module itself."""
+    op = getattr(module, "op", None)
+    return module if op is None else op(dtype)
+
+
+@dataclass(slots=True)
+class LayerOps:
+    """One decoder layer as plain calls, made from its modules once (LlamaForCausalLM.layer_ops): a forward through
+    nn.Module calls spent 1.2-1.5 ms of a 4.8 ms int4 SmolLM2 forward at one sequence in module calls and checks
+    (benchmarks/README.md, "A forward without module calls")."""
+    norm_in: torch.Tensor
+    norm_post: torch.Tensor
+    eps: float
+    qkv: Callable[[torch.Tensor], torch.Tensor]
+    o: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor]
+    down: Callable[[torch.Tensor], torch.Tensor]
+    heads: int
+    kv_heads: int
+    q_size: int
+    scale: float
+
+    @classmethod
+    def of(cls, layer: DecoderLayer, dtype: torch.dtype) -> "LayerOps":
+        a, m = layer.self_attn, layer.mlp
+        return cls(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.input_layernorm.eps,
+                   linear_op(a.qkv_proj, dtype), linear_op(a.o_proj, dtype), linear_op(m.gate_up_proj, dtype),
+                   linear_op(m.down_proj, dtype), a.num_heads, a.num_kv_heads, a.q_size, a.scale)
+
+
+def decoder_layer(ops: LayerOps, kernels, h, residual, rope, meta: AttentionMetadata, k_cache, v_cache,
+                  profiling: bool):
+    """Returns (this layer's MLP output, the residual stream before it): the sum is the layer's output, added by
+    the next norm (add_rms_norm) instead of on its own. rope: (cos, sin, positions)."""
+    if residual is None:
+        residual, x = h, kernels.rms_norm(h, ops.norm_in, ops.eps)
+    else:
+        x = kernels.add_rms_norm(h, residual, ops.norm_in, ops.eps)
+    q = kernels.rope_cache(ops.qkv(x), *rope, k_cache, v_cache, meta.slot_mapping, ops.heads,
+                           ops.kv_heads)  # [T, H, hd]; K/V now in the cache
+    out = attention(kernels, q, meta, k_cache, v_cache, ops.scale, profiling)
+    x = kernels.add_rms_norm(ops.o(out.view(-1, ops.q_size)), residual, ops.norm_post, ops.eps)
+    return ops.down(kernels.silu_mul(ops.gate_up(x))), residual
+
+
+def attention(kernels, q, meta: AttentionMetadata, k_cache, v_cache, scale: float, profiling: bool):
+    """The decodes' attention batched, then each prefill chunk's; under the profiler each is named (a
+    record_function costs microseconds, 30 a step)."""
+    d = meta.num_decode_tokens
+    if d and not meta.prefills:
+        with _named("inferd::paged_decode_attention", profiling):
+            return kernels.paged_decode(q, k_cache, v_cache, meta.decode_blocks, meta.decode_lens, meta.block_size,
+                                        scale)
+    out = torch.empty_like(q)
+    if d:
+        with _named("inferd::paged_decode_attention", profiling):
+            out[:d] = kernels.paged_decode(q[:d], k_cache, v_cache, meta.decode_blocks, meta.decode_lens,
+                                           meta.block_size, scale)
+    for chunk in meta.prefills:
+        rows = slice(chunk.start, chunk.start + chunk.num_tokens)
+        with _named("inferd::prefill_attention", profiling):
+            out[rows] = kernels.prefill_attention(q[rows], k_cache, v_cache, chunk.context_blocks, chunk.context_len,
+                                                  meta.block_size, scale)
+    return out
+
+
+def _named(name: str, profiling: bool):
+    return record_function(name) if profiling else nullcontext()
 
 
 # ---- model
@@ -189,12 +209,25 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config, max_positions)
+        self.kernels = TorchKernels  # the ops of inferd.models.cpu_kernels the layers run on (use_kernels)
+        self._layer_ops: list[LayerOps] | None = None
+        self._caches: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def use_kernels(self, kernels) -> None:
-        """Runs norms, RoPE, cache writes, decode attention and silu on `kernels` (inferd.models.cpu_kernels)."""
-        for module in self.modules():
-            if isinstance(module, (RMSNorm, Attention, MLP)):
-                module.kernels = kernels
+        """Runs norms, RoPE, cache writes, attention and silu on `kernels` (inferd.models.cpu_kernels)."""
+        self.kernels = kernels
+        self.replan()
+
+    def layer_ops(self) -> list[LayerOps]:
+        """The layers as plain calls, made on first use: after the weights are loaded, cast, quantized and packed."""
+        if self._layer_ops is None:
+            dtype = self.embed_tokens.weight.dtype  # the activations'
+            self._layer_ops = [LayerOps.of(layer, dtype) for layer in self.layers]
+        return self._layer_ops
+
+    def replan(self) -> None:
+        """Forgets the layers' ops: call it after replacing a layer's module once the model has run."""
+        self._layer_ops = None
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: torch.Tensor,
@@ -204,13 +237,19 @@ class LlamaForCausalLM(nn.Module):
         are for positions not yet counted as computed: a later forward writes them again), or run a forward of
         its own over other slots of the cache before this one goes on."""
         h, residual = self.embed_tokens(input_ids), None
-        rope = (self.rope.cos, self.rope.sin, positions)
-        for i, layer in enumerate(self.layers):
+        rope, kernels, profiling = (self.rope.cos, self.rope.sin, positions), self.kernels, torch.autograd._profiler_enabled()
+        for ops, (k_cache, v_cache) in zip(self.layer_ops(), self._layer_caches(kv_cache)):
             if between is not None:
                 between()
-            h, residual = layer(h, residual, rope, meta, kv_cache[i, 0], kv_cache[i, 1])
-        h = self.norm(h[logits_indices], residual[logits_indices])
+            h, residual = decoder_layer(ops, kernels, h, residual, rope, meta, k_cache, v_cache, profiling)
+        h = kernels.add_rms_norm(h[logits_indices], residual[logits_indices], self.norm.weight, self.norm.eps)
         return self.lm_head(h).float()
+
+    def _layer_caches(self, kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (K, V) views of kv_cache, made once per cache tensor."""
+        if self._caches is None or self._caches[0] is not kv_cache:
+            self._caches = (kv_cache, [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(len(self.layers))])
+        return self._caches[1]
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Takes Hugging Face names; fuses q/k/v and gate/up."""

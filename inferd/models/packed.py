@@ -31,10 +31,22 @@ class PackedLinear(nn.Module):
                 self.row_bias[:self.out_features] = linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.one_row is not None and x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous():
-            y = self.one_row.one_row_linear(x, self.pairs, self.row_bias)
-            return y if y.shape[1] == self.out_features else y[:, :self.out_features]
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
+        y = self.op(x.dtype)(x.reshape(-1, self.in_features).contiguous())
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def op(self, dtype: torch.dtype):
+        """This linear as one function of a 2-D contiguous input, its weights bound once (the decoder's calls)."""
+        linear, packed, bias = torch.ops.mkldnn._linear_pointwise, self.packed, self.bias
+        if self.one_row is None:
+            return lambda x: linear(x, packed, bias, "none", [None], "")
+        row, pairs, row_bias, n = self.one_row.one_row_linear, self.pairs, self.row_bias, self.out_features
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] != 1:
+                return linear(x, packed, bias, "none", [None], "")
+            y = row(x, pairs, row_bias)
+            return y if y.shape[1] == n else y[:, :n].contiguous()
+        return run
 
 
 def pair_weights(w: torch.Tensor) -> torch.Tensor:

@@ -326,13 +326,21 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()
+        return self.op(torch.float32)(flat).view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def op(self, dtype: torch.dtype):
+        """This linear as one function of a 2-D contiguous input of `dtype`, its weights bound once (the decoder's
+        calls). Inputs other than float32 take forward's casts."""
+        if dtype is not torch.float32:
+            return self
+        weight, scale, bias, n = self.weight, self.scale, self.bias, self.out_features
         if self.kernel is not None:
-            y = self.kernel.int8_linear(flat, self.weight, self.scale, self.bias, self.out_features, FUSED_MAX_M)
-        else:
-            y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)
-            if self.bias.numel():
-                y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+            int8 = self.kernel.int8_linear
+            return lambda x: int8(x, weight, scale, bias, n, FUSED_MAX_M)
+        int8 = torch.ops.aten._weight_int8pack_mm
+        if bias.numel():
+            return lambda x: int8(x, weight, scale) + bias
+        return lambda x: int8(x, weight, scale)
 
 
 def quantize_linears(model: nn.Module, kernel=None) -> int:

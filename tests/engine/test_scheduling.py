@@ -229,16 +229,16 @@ def test_a_worse_class_or_a_grammar_does_not_join_a_step():
 def test_the_async_engine_prefills_an_arrival_inside_the_step_in_flight_and_holds_an_abort_for_its_end():
     engine, ps = make_engine(), prompts(3, seed=37)
     alone = outputs(make_engine(), {"new": (ps[2], greedy(3), 0)})[0]["new"]
-    layer, pause = engine.runner.model.layers[0], threading.Event()
-    in_step, go, forward = threading.Event(), threading.Event(), engine.runner.model.layers[0].forward
+    first, pause = engine.runner.model.layer_ops()[0], threading.Event()
+    in_step, go, qkv = threading.Event(), threading.Event(), first.qkv
 
-    def paused(*args):
+    def paused(x):
         if pause.is_set():
             pause.clear()
             in_step.set()
             go.wait(30)
-        return forward(*args)
-    layer.forward = paused
+        return qkv(x)
+    first.qkv = paused
 
     async def main() -> list[int]:
         async_engine = AsyncEngine(engine)
