@@ -128,26 +128,6 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tenso
   return out;
 }
 
-// gate_up: [T, 2I] -> silu(gate) * up: [T, I]
-torch::Tensor silu_mul(torch::Tensor gate_up) {
-  check(gate_up, gate_up, "gate_up");
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up: [rows, 2 I]");
-  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
-  auto out = torch::empty({rows, n}, gate_up.options());
-  by_dtype(gate_up, [&](auto z) {
-    using T = decltype(z);
-    const T* gp = ptr<T>(gate_up); T* op = ptr<T>(out);
-    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const T *g = gp + r * 2 * n, *u = g + n; T* o = op + r * n;
-        #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) { const float x = ld(g[i]); o[i] = to<T>(x / (1.f + std::exp(-x)) * ld(u[i])); }
-      }
-    });
-  });
-  return out;
-}
-
 // qkv: [T, (H + 2 KVH) hd]; cos, sin: [positions, hd/2] float32; positions, slots: [T] int64;
 // k_cache, v_cache: [slots, KVH, hd]. Rotates each pair (2i, 2i+1) of q and k by its angle i, writes k and v
 // to their slots and returns q: [T, H, hd].
@@ -213,7 +193,14 @@ static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 static inline float vhmax(vec a) { return _mm512_reduce_max_ps(a); }
 static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2i(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p 2^n
+static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+static inline vec vneg_where(vec x, vec a, vec b) { return _mm512_mask_blend_ps(_mm512_movepi32_mask(_mm512_castps_si512(x)), a, b); }
 static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
+static inline void vstore(bf16* p, vec a) {  // rounded to nearest even, as to<bf16>
+  const __m512i u = _mm512_castps_si512(a), one = _mm512_set1_epi32(1);
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+}
 static inline vec vzero_where(vec a, vec x, float bad) {  // a, with 0 where x is bad (an integer compare of the bits:
   const __mmask16 m = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_set1_epi32(__builtin_bit_cast(int32_t, bad)));
   return _mm512_maskz_mov_ps(~m, a);  // -ffast-math may drop a float compare with an infinity)
@@ -247,7 +234,14 @@ static inline vec vpow2i(vec p, vec n) {  // p 2^n for integral n >= -126 (exp's
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
+static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+static inline vec vneg_where(vec x, vec a, vec b) { return _mm256_blendv_ps(a, b, x); }
 static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
+static inline void vstore(bf16* p, vec a) {  // rounded to nearest even, as to<bf16>
+  const __m256i u = _mm256_castps_si256(a), one = _mm256_set1_epi32(1);
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), one))), 16);
+  _mm_storeu_si128((__m128i*)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
 static inline vec vzero_where(vec a, vec x, float bad) {
   const __m256i m = _mm256_cmpeq_epi32(_mm256_castps_si256(x), _mm256_set1_epi32(__builtin_bit_cast(int32_t, bad)));
   return _mm256_andnot_ps(_mm256_castsi256_ps(m), a);
@@ -267,6 +261,43 @@ static inline vec vexp(vec x) {
   return vpow2i(p, n);
 }
 
+// silu(g) u = g sigmoid(g) u on whole vectors, sigmoid from e = e^-|g| (never above 1): 1 / (1 + e) for g >= 0,
+// e / (1 + e) below
+template <typename T> static int64_t silu_mul_vec(const T* g, const T* u, T* o, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vec x = vload(g + i), e = vexp(vsub(vset(0.f), vmax(x, vsub(vset(0.f), x))));
+    const vec s = vdiv(vset(1.f), vadd(vset(1.f), e));
+    vstore(o + i, vmul(vmul(x, vneg_where(x, s, vmul(e, s))), vload(u + i)));
+  }
+  return i;
+}
+#endif
+
+// gate_up: [T, 2I] -> silu(gate) * up: [T, I]
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  check(gate_up, gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up: [rows, 2 I]");
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  auto out = torch::empty({rows, n}, gate_up.options());
+  by_dtype(gate_up, [&](auto z) {
+    using T = decltype(z);
+    const T* gp = ptr<T>(gate_up); T* op = ptr<T>(out);
+    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T *g = gp + r * 2 * n, *u = g + n; T* o = op + r * n;
+        int64_t i = 0;
+#ifdef INFERD_VEC
+        i = silu_mul_vec(g, u, o, n);
+#endif
+        for (; i < n; ++i) { const float x = ld(g[i]); o[i] = to<T>(x / (1.f + std::exp(-x)) * ld(u[i])); }
+      }
+    });
+  });
+  return out;
+}
+
+#ifdef INFERD_VEC
 template <size_t BYTES, int HINT> static inline void prefetch(const void* p) {
   for (size_t b = 0; b < BYTES; b += 64) _mm_prefetch((const char*)p + b, (_mm_hint)HINT);
 }
