@@ -91,7 +91,7 @@ def paged_decode_case(dtype, heads, kv_heads, hd, seed=0):
 
 # head_dim 16..128 take the vector loops (tiles of 1-4 query heads: 9 / 1 is 4 + 4 + 1), 24 the scalar ones
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 16), (6, 6, 64), (9, 3, 64), (9, 1, 64), (10, 2, 128),
+@pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 16), (4, 2, 32), (6, 6, 64), (9, 3, 64), (9, 1, 64), (10, 2, 128),
                                                (6, 2, 24), (3, 3, 8)])
 def test_paged_decode_matches_torch(dtype, heads, kv_heads, hd):
     args = paged_decode_case(dtype, heads, kv_heads, hd)
