@@ -7,13 +7,14 @@ pair of inputs to 16 outputs at once): byte i of chunk c holds, low nibble, the 
 file stores them, 64 bytes beside its 256: 5 bits a weight, the file's own size, and y = sum_g d_g (q . x)_g +
 m_g (sum of x)_g is exact against the file's weights up to float32 accumulation.
 
-A nibble q becomes the bf16 of 128 + q in one bitwise op (0x4300 | q, after the bytes are widened to 16 bits
-straight from memory), and m - 128 d takes the 128 back out per group; several accumulators per row keep the
-dot products' latency hidden. Up to 8 rows share each widened weight; more rows run in tiles of at most 8, as
-even as possible, over the same panel (it stays in L1/L2). Panels are split across the threads. On a 2-core
-AVX-512 BF16 EPYC (Zen 4), SmolLM2's 120 layer linears at one row: 2.9 ms (23 GB/s) against torch's
-`_weight_int4pack_mm_for_cpu` 4.4 ms, 1.6-2.1x from 2 rows on, and faster than the dense bf16 copy up to 64
-rows (benchmarks/results/int4-linear-zen4.md).
+The bytes are widened to 16 bits straight from memory, and a nibble becomes its bf16 by a lookup of the word's low
+5 bits in a table of 0..15 written twice (vpermw: no mask for the low nibble, one shift for the high; a bf16 of
+128 + q by one bitwise op was as fast, but its m - 128 d correction cost float32 bits: perplexity 10.30 -> 10.37).
+Several accumulators per row keep the dot products' latency hidden. Up to 8 rows share each widened weight; more
+rows run in tiles of at most 8, as even as possible, over the same panel (it stays in L1/L2). Panels are split
+across the threads. On a 2-core AVX-512 BF16 EPYC (Zen 4), SmolLM2's 120 layer linears at one row: 2.9 ms (23
+GB/s) against torch's `_weight_int4pack_mm_for_cpu` 4.4 ms, 1.6-2.1x from 2 rows on, and faster than the dense
+bf16 copy up to 64 rows (benchmarks/results/int4-linear-zen4.md).
 """
 import functools
 import logging
@@ -60,8 +61,7 @@ static inline __m512 widen(const bf16* p) {
 // row (4 hide the dot products' latency at one row; 2 leave registers for 8 rows)
 template <int R, int A>
 static void panel_rows(const uint8_t* w, const uint16_t* dm, int64_t G, const bf16* x, int64_t K, const float* xsum,
-                       const float* bias, bf16* y, int64_t N, int64_t n0) {
-  const __m512i nib = _mm512_set1_epi16(0x000F), bias128 = _mm512_set1_epi16(0x4300);  // bf16 0x4300 = 128
+                       const float* bias, bf16* y, int64_t N, int64_t n0, __m512i table) {
   __m512 out[R];
   for (int r = 0; r < R; ++r) out[r] = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
@@ -72,8 +72,8 @@ static void panel_rows(const uint8_t* w, const uint16_t* dm, int64_t G, const bf
     #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
       const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b + c * 32)));
-      const __m512bh wlo = (__m512bh)_mm512_ternarylogic_epi32(v, nib, bias128, 0xEA);
-      const __m512bh whi = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), nib, bias128, 0xEA);
+      const __m512bh wlo = (__m512bh)_mm512_permutexvar_epi16(v, table);
+      const __m512bh whi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table);
       const int a = A == 4 ? (c & 1) * 2 : 0;
       for (int r = 0; r < R; ++r) {
         const bf16* xr = x + r * K + g * 32;
@@ -82,7 +82,7 @@ static void panel_rows(const uint8_t* w, const uint16_t* dm, int64_t G, const bf
       }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + g * 32)));
-    const __m512 m = _mm512_fnmadd_ps(_mm512_set1_ps(128.f), d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + g * 32 + 16))));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + g * 32 + 16)));
     for (int r = 0; r < R; ++r) {
       __m512 s = _mm512_add_ps(acc[r][0], acc[r][1]);
       if constexpr (A == 4) s = _mm512_add_ps(s, _mm512_add_ps(acc[r][2], acc[r][3]));
@@ -94,16 +94,16 @@ static void panel_rows(const uint8_t* w, const uint16_t* dm, int64_t G, const bf
 }
 
 static void panel_tile(int64_t R, const uint8_t* w, const uint16_t* dm, int64_t G, const bf16* x, int64_t K,
-                       const float* xsum, const float* bias, bf16* y, int64_t N, int64_t n0) {
+                       const float* xsum, const float* bias, bf16* y, int64_t N, int64_t n0, __m512i table) {
   switch (R) {
-    case 1: return panel_rows<1, 4>(w, dm, G, x, K, xsum, bias, y, N, n0);
-    case 2: return panel_rows<2, 4>(w, dm, G, x, K, xsum, bias, y, N, n0);
-    case 3: return panel_rows<3, 4>(w, dm, G, x, K, xsum, bias, y, N, n0);
-    case 4: return panel_rows<4, 4>(w, dm, G, x, K, xsum, bias, y, N, n0);
-    case 5: return panel_rows<5, 2>(w, dm, G, x, K, xsum, bias, y, N, n0);
-    case 6: return panel_rows<6, 2>(w, dm, G, x, K, xsum, bias, y, N, n0);
-    case 7: return panel_rows<7, 2>(w, dm, G, x, K, xsum, bias, y, N, n0);
-    default: return panel_rows<8, 2>(w, dm, G, x, K, xsum, bias, y, N, n0);
+    case 1: return panel_rows<1, 4>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
+    case 2: return panel_rows<2, 4>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
+    case 3: return panel_rows<3, 4>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
+    case 4: return panel_rows<4, 4>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
+    case 5: return panel_rows<5, 2>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
+    case 6: return panel_rows<6, 2>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
+    case 7: return panel_rows<7, 2>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
+    default: return panel_rows<8, 2>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
   }
 }
 #endif
@@ -128,6 +128,9 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
   for (int64_t r = 0; r < M; ++r)
     for (int64_t g = 0; g < G; ++g)
       xsum[r * G + g] = _mm512_reduce_add_ps(_mm512_add_ps(widen(xp + r * K + g * 32), widen(xp + r * K + g * 32 + 16)));
+  alignas(64) uint16_t values[32];  // bf16 of 0..15 (twice over)
+  for (int i = 0; i < 32; ++i) values[i] = __builtin_bit_cast(uint32_t, float(i & 15)) >> 16;
+  const __m512i table = _mm512_load_si512(values);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const uint16_t* dp = (const uint16_t*)dm.data_ptr();
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
@@ -136,7 +139,7 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t r = 0, tiles = (M + 7) / 8, t = 0; t < tiles; r += M / tiles + (t < M % tiles), ++t)
         panel_tile(M / tiles + (t < M % tiles), wp + p * G * 256, dp + p * G * 32, G, xp + r * K, K,
-                   xsum.data() + r * G, bp, yp + r * N, N, p * 16);
+                   xsum.data() + r * G, bp, yp + r * N, N, p * 16, table);
   });
 #endif
   return y;
