@@ -10,6 +10,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from datetime import datetime, timezone
 
@@ -81,6 +82,22 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
+        with open(args.out.removesuffix(".json") + ".md", "w") as f:
+            f.write(table(result, " ".join(sys.argv[1:])))
+
+
+def table(r: dict, args: str) -> str:
+    lines = [f"# SmolLM2-135M's 120 layer linears in 4 bits and dense ({r['date']}; {r['machine']['cpu']}, "
+             f"{r['machine']['threads']} threads, torch {r['machine']['torch']})", "",
+             f"`PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py {args}`: ms for all 120 (weights from memory),"
+             " and the GB/s of each one's weight bytes.", "",
+             "| rows | ours (Q4_1, fp16 d/m) | torch `_weight_int4pack_mm_for_cpu` | dense bf16 (oneDNN) | torch / ours "
+             "| dense / ours |", "|---:|---:|---:|---:|---:|---:|"]
+    for m, v in r["rows"].items():
+        o, t, d = v["ours"], v["torch int4"], v["dense bf16"]
+        lines.append(f"| {m} | {o['ms']:.2f} ms ({o['gb_s']} GB/s) | {t['ms']:.2f} ms ({t['gb_s']} GB/s) | {d['ms']:.2f} ms"
+                     f" ({d['gb_s']} GB/s) | {t['ms'] / o['ms']:.2f}x | {d['ms'] / o['ms']:.2f}x |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
