@@ -1,13 +1,22 @@
-"""SmolLM2-135M's 120 layer linears (qkv, o, gate_up, down of its 30 layers) at a few rows, in 4 bits and dense:
-our Q4_1 kernel (inferd.models.int4_kernel, AVX-512 BF16), torch's `_weight_int4pack_mm_for_cpu` on the same
-weights, and the dense bf16 copy the engine takes above int4_max_rows (oneDNN prepacked). One pass runs all 120
-in a row, so each reads its weights from memory (66 MB of 4-bit weights, far past the last-level cache), as a
-decode step does. Median of --repeats passes per size, the three taking turns.
+"""SmolLM2-135M's 120 layer linears (qkv, o, gate_up, down of its 30 layers) at a few rows, in 4 bits and dense.
+One pass runs all 120 in a row, so each reads its weights from memory (66 MB of 4-bit weights, far past the
+last-level cache), as a decode step does, each called as the engine calls it (its `op`). Median of --repeats passes per size, the candidates taking turns.
+
+--dtype bfloat16: our Q4_1 kernel (inferd.models.int4_kernel, AVX-512 BF16), torch's
+`_weight_int4pack_mm_for_cpu` on the same weights, and the dense bf16 copy the engine takes above int4_max_rows
+(oneDNN prepacked).
+--dtype float32: our Q4_1 kernel's float32 rows (AVX2 loops), our int8 kernel (inferd.models.quant), and the
+dense float32 copy (oneDNN prepacked). `--march haswell` builds our kernels for AVX2 alone; with
+ONEDNN_MAX_CPU_ISA=AVX2 and ATEN_CPU_CAPABILITY=avx2 oneDNN and torch keep to AVX2 too: an AVX2 machine's code
+on this one (its memory and cores stay this machine's).
 
     PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py --out benchmarks/results/int4-linear-zen4.json
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py \
+        --dtype float32 --march haswell --out benchmarks/results/int4-linear-fp32-avx2-on-zen4.json
 """
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -18,9 +27,12 @@ import torch
 from torch import nn
 
 from benchmarks.engine import _cpu_name
-from inferd.models.int4 import Int4Linear
+from inferd.models.int4 import Int4Linear, takes
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.loader import load_model
+from inferd.models.quant import Int8Linear, load_int8_kernel
+
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def layer_linears(weights: dict) -> list[torch.Tensor]:
@@ -50,35 +62,44 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,2,3,4,6,8,12,16")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--march", default="native", help="-march of our kernels' build (haswell: AVX2 alone)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    kernel = load_int4_kernel()
-    assert kernel is not None, "our int4 kernel needs AVX-512 BF16"
+    dtype = getattr(torch, args.dtype)
+    kernel = load_int4_kernel(args.march)
+    assert kernel is not None and takes(kernel, dtype), f"our int4 kernel takes no {args.dtype} rows on this build"
     weights = layer_linears(load_model(None, progress=False).weights)
-    ours = [Int4Linear(as_linear(w), 1 << 30, kernel) for w in weights]
-    torchs = [Int4Linear(as_linear(w), 1 << 30) for w in weights]
+    ours = [Int4Linear(as_linear(w), 1 << 30, kernel, dtype) for w in weights]
     dense = [layer.dense for layer in ours]
-    bytes_ours = sum(layer.four_bit_bytes() for layer in ours)
-    bytes_torch = sum(layer.four_bit_bytes() for layer in torchs)
-    bytes_dense = sum(w.numel() * 2 for w in weights)
-    targets = {"ours": (ours, bytes_ours), "torch int4": (torchs, bytes_torch), "dense bf16": (dense, bytes_dense)}
+    targets = {"ours": (ours, sum(layer.four_bit_bytes() for layer in ours))}
+    if dtype is torch.bfloat16:
+        torchs = [Int4Linear(as_linear(w), 1 << 30) for w in weights]
+        targets["torch int4"] = (torchs, sum(layer.four_bit_bytes() for layer in torchs))
+    else:
+        int8 = [Int8Linear(as_linear(w), load_int8_kernel(args.march)) for w in weights]
+        targets["int8"] = (int8, sum(layer.weight.nbytes + layer.scale.nbytes for layer in int8))
+    targets[f"dense {DTYPE_NAMES[dtype]}"] = (dense, sum(w.numel() * dtype.itemsize for w in weights))
+    targets = {name: ([layer.op(dtype) for layer in layers], b) for name, (layers, b) in targets.items()}  # as the engine calls them
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                          "python": platform.python_version()},
-              "bytes": {name: b for name, (_, b) in targets.items()}, "rows": {}}
+                          "python": platform.python_version(), "march": args.march,
+                          "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+                          "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY")},
+              "dtype": args.dtype, "bytes": {name: b for name, (_, b) in targets.items()}, "rows": {}}
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
-            xs = [torch.randn(m, w.shape[1]).bfloat16() for w in weights]
+            xs = [torch.randn(m, w.shape[1]).to(dtype) for w in weights]
             runs = {name: [] for name in targets}
             for _ in range(args.repeats + 1):  # the first pass warms
-                for name, (layers, _) in targets.items():
-                    runs[name].append(seconds(lambda: [layer(x) for layer, x in zip(layers, xs)]))
+                for name, (ops, _) in targets.items():
+                    runs[name].append(seconds(lambda: [op(x) for op, x in zip(ops, xs)]))
             row = {name: {"ms": round(statistics.median(r[1:]) * 1e3, 3),
                           "gb_s": round(targets[name][1] / statistics.median(r[1:]) / 1e9, 1)} for name, r in runs.items()}
             result["rows"][m] = row
             print(f"rows {m:3d}: " + ", ".join(f"{n} {v['ms']:.2f} ms ({v['gb_s']} GB/s)" for n, v in row.items())
-                  + f"; torch / ours {row['torch int4']['ms'] / row['ours']['ms']:.2f}x,"
-                  f" dense / ours {row['dense bf16']['ms'] / row['ours']['ms']:.2f}x", flush=True)
+                  + "; " + ", ".join(f"{n} / ours {v['ms'] / row['ours']['ms']:.2f}x" for n, v in row.items()
+                                     if n != "ours"), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
@@ -87,16 +108,18 @@ def main() -> None:
 
 
 def table(r: dict, args: str) -> str:
-    lines = [f"# SmolLM2-135M's 120 layer linears in 4 bits and dense ({r['date']}; {r['machine']['cpu']}, "
-             f"{r['machine']['threads']} threads, torch {r['machine']['torch']})", "",
-             f"`PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py {args}`: ms for all 120 (weights from memory),"
-             " and the GB/s of each one's weight bytes.", "",
-             "| rows | ours (Q4_1, fp16 d/m) | torch `_weight_int4pack_mm_for_cpu` | dense bf16 (oneDNN) | torch / ours "
-             "| dense / ours |", "|---:|---:|---:|---:|---:|---:|"]
+    machine, names = r["machine"], list(next(iter(r["rows"].values())))
+    env = " ".join(f"{k}={machine[k]}" for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if machine.get(k))
+    lines = [f"# SmolLM2-135M's 120 layer linears in 4 bits and dense, {r.get('dtype', 'bfloat16')} rows ({r['date']}; "
+             f"{machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}, our kernels built for "
+             f"-march={machine.get('march', 'native')})", "",
+             f"`{env + ' ' if env else ''}PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py {args}`: ms for all "
+             "120 (weights from memory), and the GB/s of each one's weight bytes.", "",
+             "| rows | " + " | ".join(names) + " | " + " | ".join(f"{n} / ours" for n in names[1:]) + " |",
+             "|---:|" + "---:|" * (2 * len(names) - 1)]
     for m, v in r["rows"].items():
-        o, t, d = v["ours"], v["torch int4"], v["dense bf16"]
-        lines.append(f"| {m} | {o['ms']:.2f} ms ({o['gb_s']} GB/s) | {t['ms']:.2f} ms ({t['gb_s']} GB/s) | {d['ms']:.2f} ms"
-                     f" ({d['gb_s']} GB/s) | {t['ms'] / o['ms']:.2f}x | {d['ms'] / o['ms']:.2f}x |")
+        lines.append(f"| {m} | " + " | ".join(f"{v[n]['ms']:.2f} ms ({v[n]['gb_s']} GB/s)" for n in names) + " | "
+                     + " | ".join(f"{v[n]['ms'] / v['ours']['ms']:.2f}x" for n in names[1:]) + " |")
     return "\n".join(lines) + "\n"
 
 

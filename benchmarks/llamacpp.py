@@ -12,6 +12,13 @@ token. It computes on the GGUF's own Q4_1 weights (no dequantization), KV cache 
 
     PYTHONPATH=. .venv/bin/python benchmarks/llamacpp.py --threads 1 --out benchmarks/results/llamacpp-1t.json  # ~20 min
 
+An AVX2 machine's code on an AVX-512 one: llama.cpp built for AVX2 alone in a venv of its own (CMAKE_ARGS="-DGGML_NATIVE=OFF
+-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF" pip install --no-cache-dir llama-cpp-python==0.3.36),
+and inferd's kernels, oneDNN and torch kept to AVX2:
+
+    INFERD_KERNEL_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=. .venv/bin/python \
+        benchmarks/llamacpp.py --llama-python AVX2_VENV/bin/python --variants float32/none,float32/int8,float32/int4
+
 On first use it creates benchmarks/.venvs/llama (python3.11 -m venv, then pip install
 llama-cpp-python==0.3.36, which builds llama.cpp: 11-45 minutes); --llama-python names another python.
 """
@@ -170,7 +177,7 @@ def main() -> None:
     vocab = model.config.vocab_size
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": str(default_model_path().name),
               "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                          "load_average_before": _loadavg()},
+                          "load_average_before": _loadavg(), "isa_limits": _isa_limits()},
               "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": NEW_TOKENS, "prefill_tokens": PREFILL_LEN,
                            "repeats": args.repeats}}
     spec = {"model_path": str(default_model_path()), "threads": torch.get_num_threads(), "repeats": args.repeats,
@@ -201,7 +208,8 @@ def markdown(r: dict) -> str:
     rows = [("prefill 1,024 tokens", lambda d: d["prefill"])] + [
         (f"decode B={b} (aggregate)", lambda d, b=b: d["decode"][b]) for b in r["llama.cpp"]["decode"]]
     lines = [f"# inferd vs llama.cpp {r['llama.cpp']['version']} on {r['model']} ({r['date']}; "
-             f"{r['machine']['cpu']}, {r['machine']['threads']} threads; load average before "
+             f"{r['machine']['cpu']}, {r['machine']['threads']} threads, ISA limits: "
+             f"{r['machine'].get('isa_limits', 'none')}; load average before "
              f"{r['machine']['load_average_before']}, after {r['machine']['load_average_after']})", "",
              "tokens/s, median of " + str(r["workload"]["repeats"]) + " runs", "",
              "| | " + " | ".join(label[n] for n in names) + " | best inferd / llama.cpp |",
@@ -211,6 +219,12 @@ def markdown(r: dict) -> str:
         lines.append(f"| {text} | " + " | ".join(str(get(r[n])["median_tok_s"]) for n in names)
                      + f" | {best / get(r['llama.cpp'])['median_tok_s']:.2f}x |")
     return "\n".join(lines)
+
+
+def _isa_limits() -> str:
+    """The settings that run another machine's code here (INFERD_KERNEL_MARCH=haswell and the like: AVX2 alone)."""
+    names = ("INFERD_KERNEL_MARCH", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+    return " ".join(f"{n}={os.environ[n]}" for n in names if os.environ.get(n)) or "none"
 
 
 def _loadavg() -> str:

@@ -224,13 +224,15 @@ def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
     return round(F.cross_entropy(logits[:-1], torch.tensor(ids[1:])).exp().item(), 3)
 
 
-def quality(model, variants: dict[str, dict]) -> dict:
+def quality(model, variants: dict[str, dict], only: str | None = None) -> dict:
     tokenizer = model.tokenizer
     ids = tokenizer.encode(TEXT)
     prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}]),
                                 add_special_tokens=False) for p in PROMPTS]
     out, ref = {"text_tokens": len(ids), "prompts": len(prompts), "greedy_tokens": GREEDY_TOKENS}, None
     for name, settings in variants.items():
+        if only and name != "fp32" and name not in only.split(";"):
+            continue
         settings = dict(settings)
         w8a8 = settings.pop("w8a8_fbgemm", False)
         int4_lm_head = settings.pop("int4_lm_head", False)
@@ -266,6 +268,8 @@ def main() -> None:
     ap.add_argument("--candidates", default=None, help="comma-separated words: time only kernels named with one")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--quality-only", default=None,
+                    help="formats whose quality to check, separated by ; (fp32, the reference, always runs)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.threads:
@@ -293,7 +297,10 @@ def main() -> None:
                                                                             "int4_max_rows": 1 << 30},
                                                 "int4, lm_head 4-bit too": {"quantization": "int4",
                                                                             "int4_lm_head": True}}
-                                               if int4_available() else {})})
+                                               if int4_available() else {}),
+                                            **({"int4, float32 rows (AVX2 loops), kernel at every M": {
+                                                "dtype": "float32", "quantization": "int4", "int4_max_rows": 1 << 30}}
+                                               if load_int4_kernel() is not None else {})}, args.quality_only)
     result["machine"]["load_average_after"] = _uptime()
     save_report(result, markdown(result), args.out)
 

@@ -25,7 +25,8 @@ class EngineConfig:
                                     "1.15-1.2x oneDNN's reads there (benchmarks/linears.py)")
     quantization: str = setting("none", "int8: weight-only int8 linears, per output channel, float32 "
                                 "activations; int4: 4-bit Q4_1 groups of 32 (a Q4_1 GGUF's own weights), "
-                                "linear inputs rounded to bfloat16; auto: the fastest of these on this CPU", QUANTIZATIONS)
+                                "bfloat16 linear inputs where the CPU has native bf16, float32 ones (rounded to 16 "
+                                "bits a group) on AVX2; auto: the fastest of these on this CPU", QUANTIZATIONS)
     cpp_kernels: bool = setting(True, "the decoder's norms, RoPE, cache writes, decode attention and silu in C++ "
                                 "(float32 and bfloat16), built on first use; else torch ops")
     num_threads: int | None = setting(None, "torch threads for the engine (default: all cores)")

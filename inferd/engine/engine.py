@@ -17,7 +17,7 @@ from inferd.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from inferd.engine.sequence import Sequence
 from inferd.models.config import LoadedModel
 from inferd.models.cpu import auto_quantization, has_native_bf16, int4_max_rows
-from inferd.models.int4 import int4_available, quantize_int4_linears
+from inferd.models.int4 import int4_available, quantize_int4_linears, takes
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.llama import LlamaForCausalLM, StepInterrupted
 from inferd.models.packed import one_row_ops, pack_linears
@@ -33,8 +33,10 @@ DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice (all cores), bef
 def resolve_dtype(name: str, quantization: str = "none") -> torch.dtype:
     """auto: what the weight format computes in (int4 bf16, int8 fp32), else bf16 where the CPU has it natively."""
     if name == "auto":
-        if quantization in ("int4", "int8"):
-            return torch.bfloat16 if quantization == "int4" else torch.float32
+        if quantization == "int4":  # float32 rows on our kernel where bf16 is emulated (AVX2)
+            return torch.bfloat16 if has_native_bf16() or load_int4_kernel() is None else torch.float32
+        if quantization == "int8":
+            return torch.float32
         return torch.bfloat16 if has_native_bf16() else torch.float32
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
@@ -46,6 +48,8 @@ def resolve_quantization(name: str, dtype: str) -> str:
     if name != "auto":
         return name
     choice = auto_quantization(dtype)
+    if choice == "int4" and not has_native_bf16() and load_int4_kernel() is None:
+        choice = "int8"  # int4's float32 rows need our AVX2 loops
     if (choice == "int4" and not int4_available()) or (choice == "int8" and load_int8_kernel() is None):
         return "none"
     return choice
@@ -112,8 +116,12 @@ class LLMEngine:
         head8 = None
         if self.quantization == "int4":  # from the float32 weights: a Q4_1 source's blocks come back exactly;
             # lm_head (tied: the embedding, Q8_0 in the packaged file) is not 4-bit: that costs 3.7 % perplexity.
-            # It runs int8 at a few rows (where the kernel builds), its dense bf16 copy above.
-            quantize_int4_linears(net, int4_max_rows(load_int4_kernel() is not None), skip=("lm_head",))
+            # It runs int8 at a few rows (where the kernel builds), its dense copy above. The 4-bit linears take
+            # the model's dtype where our kernel does (bf16 with AVX-512 BF16, float32 with AVX2), else bf16.
+            kernel = load_int4_kernel()
+            rows = self.dtype if kernel is not None and takes(kernel, self.dtype) else torch.bfloat16
+            kernel = kernel if kernel is not None and takes(kernel, rows) else None
+            quantize_int4_linears(net, int4_max_rows(kernel is not None, rows is torch.float32), ("lm_head",), rows, kernel)
             if (kernel := load_int8_kernel()) is not None:
                 head8 = Int8Linear(net.lm_head, kernel)
         net = net.to(self.dtype).eval()

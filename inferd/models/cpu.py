@@ -1,4 +1,5 @@
 """What this CPU can do fast, read once from /proc/cpuinfo: the one place the dtype rules look."""
+import os
 from functools import cache
 
 
@@ -11,21 +12,30 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(word for line in text.splitlines() if line.startswith("flags") for word in line.split())
 
 
+def kernel_march(march: str = "native") -> str:
+    """-march of a C++ kernel build: `march`, where "native" (this CPU's own) gives way to INFERD_KERNEL_MARCH,
+    which benchmarks set to run another machine's loops here (haswell: AVX2 alone on an AVX-512 machine, beside
+    ONEDNN_MAX_CPU_ISA=AVX2 and ATEN_CPU_CAPABILITY=avx2 for oneDNN and torch)."""
+    return os.environ.get("INFERD_KERNEL_MARCH", "native") if march == "native" else march
+
+
 def has_native_bf16() -> bool:
     """bf16 matmuls run natively (AMX or AVX-512 BF16); elsewhere they are emulated and slower than fp32."""
     return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
 
-def int4_max_rows(own_kernel: bool) -> int:
-    """Rows of a linear up to which the int4 kernel beats a dense bf16 matmul on this CPU (above: dense);
-    own_kernel: ours (inferd.models.int4_kernel) serves, not torch's.
+def int4_max_rows(own_kernel: bool, float32_rows: bool = False) -> int:
+    """Rows of a linear up to which the int4 kernel beats its dense copy on this CPU (above: dense); own_kernel:
+    ours (inferd.models.int4_kernel) serves, not torch's; float32_rows: the layers compute in float32, else bf16.
 
-    Measured on an AVX-512 BF16 EPYC (Zen 4, no AMX), SmolLM2's 120 layer linears: torch's kernel 0.5x bf16's
-    time at 1-2 rows, even at 4, 1.4x at 8 (benchmarks/results/quant-zen4-avx512bf16.md); ours 0.28x at one row,
-    0.56x at 8, 0.89x at 32, 0.93x at 64, even at 96 (benchmarks/results/int4-linear-zen4.md). Not measured on
-    AMX, where dense bf16 is faster: 2 there. Without native bf16 auto does not pick int4; a forced one uses the
-    kernel for one row only."""
+    bf16, measured on an AVX-512 BF16 EPYC (Zen 4, no AMX), SmolLM2's 120 layer linears: torch's kernel 0.5x
+    bf16's time at 1-2 rows, even at 4, 1.4x at 8 (benchmarks/results/quant-zen4-avx512bf16.md); ours 0.28x at
+    one row, 0.56x at 8, 0.89x at 32, 0.93x at 64, even at 96 (benchmarks/results/int4-linear-zen4.md). Not
+    measured on AMX, where dense bf16 is faster: 2 there. Without native bf16 a forced bf16 int4 uses the kernel
+    for one row only. float32 (our AVX2 loops against oneDNN's float32 product): FP32_ROWS_PLACEHOLDER"""
+    if float32_rows:
+        return 32
     if "amx_bf16" in cpu_flags():
         return 2
     if has_native_bf16():
@@ -34,9 +44,13 @@ def int4_max_rows(own_kernel: bool) -> int:
 
 
 def auto_quantization(dtype: str) -> str:
-    """The weight format `--quantization auto` picks for a `--dtype` setting: int4 (bf16 activations) where
-    bf16 is native, int8 (fp32 activations) elsewhere; both pass the quality checks of
-    benchmarks/quantization.py (perplexity within 3 % and 1 % of fp32)."""
-    if dtype in ("auto", "bfloat16") and has_native_bf16():
+    """The weight format `--quantization auto` picks for a `--dtype` setting: int4 with bf16 rows where bf16 is
+    native, int4 with float32 rows where it is not (inferd's AVX2 loops: in AVX2 code on a Zen 4 1.05-1.08x int8's
+    decode at 1-32 streams, 0.82x at 64, perplexity +0.1 % against int8's -0.1 % but top-1 agreement with fp32
+    98.6 % against 95.6 %: benchmarks/results/llamacpp-avx2-code-on-zen4.md, quant-quality-int4-float32-rows.md),
+    int8 for float32 on a CPU with native bf16 (its AVX-512 int8 loops). All pass the quality checks of
+    benchmarks/quantization.py (perplexity within 3 % of fp32 for 4-bit, 1 % for int8)."""
+    native = has_native_bf16()
+    if (dtype in ("auto", "bfloat16") and native) or (dtype in ("auto", "float32") and not native):
         return "int4"
     return "int8" if dtype in ("auto", "float32") else "none"

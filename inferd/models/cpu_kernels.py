@@ -41,6 +41,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from inferd.models.cpu import kernel_march
+
 log = logging.getLogger(__name__)
 
 SOURCE = r"""
@@ -908,6 +910,7 @@ def load_cpp_kernels(march: str = "native"):
         from torch.utils.cpp_extension import load_inline
 
         log.info("building the decoder's C++ kernels (cached after the first time)")
+        march = kernel_march(march)
         suffix = "" if march == "native" else f"_{march.replace('-', '_')}"
         return load_inline(name=f"inferd_cpu_kernels_{_cpu_tag()}{suffix}", cpp_sources=SOURCE, functions=FUNCTIONS,
                            extra_cflags=["-O3", f"-march={march}", "-fopenmp", "-ffast-math"],

@@ -21,7 +21,7 @@ import logging
 import torch
 from torch import nn
 
-from inferd.models.int4_kernel import load_int4_kernel, pack_panels
+from inferd.models.int4_kernel import pack_panels
 from inferd.models.packed import PackedLinear, can_pack
 
 log = logging.getLogger(__name__)
@@ -72,14 +72,17 @@ def kernel_dequantized(scales: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 class Int4Linear(nn.Module):
-    """nn.Linear with 4-bit weights (Q4_1 groups); bf16 in and out, a 4-bit kernel up to max_rows rows: ours
-    (`kernel`, from load_int4_kernel) where given, else torch's."""
+    """nn.Linear with 4-bit weights (Q4_1 groups), in and out in `dtype` (bf16 or float32), a 4-bit kernel up to
+    max_rows rows: ours (`kernel`, from load_int4_kernel) where it takes `dtype` here, else torch's (bf16 only)."""
 
-    def __init__(self, linear: nn.Linear, max_rows: int, kernel=None):
+    def __init__(self, linear: nn.Linear, max_rows: int, kernel=None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
-        self.in_features, self.out_features, self.max_rows = linear.in_features, linear.out_features, max_rows
+        self.in_features, self.out_features, self.max_rows, self.dtype = linear.in_features, linear.out_features, max_rows, dtype
         q, d, m = quantize_q4_1(linear.weight)
         self.exact = bool((dequantize_q4_1(q, d, m) - linear.weight.float()).abs().max() <= 1e-3 * d.max())
+        if kernel is not None and not takes(kernel, dtype):
+            kernel = None
+        assert kernel is not None or dtype is torch.bfloat16, "float32 rows need our kernel (AVX2)"
         self.kernel = kernel
         bias = None if linear.bias is None else linear.bias.detach()
         if kernel is not None:  # d and m in fp16, as a Q4_1 file has them
@@ -96,13 +99,13 @@ class Int4Linear(nn.Module):
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(padded, 1)
             self.scales = kernel_scales(d, m, rows)
             weight = kernel_dequantized(self.scales, q)
-        self.bias = None if bias is None else bias.to(torch.bfloat16).clone()
-        dense = nn.Linear(self.in_features, self.out_features, bias=bias is not None, dtype=torch.bfloat16)
+        self.bias = None if bias is None else bias.to(dtype).clone()
+        dense = nn.Linear(self.in_features, self.out_features, bias=bias is not None, dtype=dtype)
         with torch.no_grad():
             dense.weight.copy_(weight)
             if bias is not None:
                 dense.bias.copy_(self.bias)
-        self.dense = PackedLinear(dense) if can_pack(torch.bfloat16) else dense.requires_grad_(False)
+        self.dense = PackedLinear(dense) if can_pack(dtype) else dense.requires_grad_(False)
 
     def four_bit_bytes(self) -> int:
         """Bytes of the 4-bit weights and their scales, as the kernel reads them."""
@@ -111,14 +114,14 @@ class Int4Linear(nn.Module):
         return self.packed.nbytes + self.scales.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        return self.op(torch.bfloat16)(flat).view(*x.shape[:-1], self.out_features).to(x.dtype)
+        flat = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
+        return self.op(self.dtype)(flat).view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def op(self, dtype: torch.dtype):
         """This linear as one function of a 2-D contiguous input of `dtype`, its weights bound once (the decoder's
-        calls): the 4-bit kernel up to max_rows rows (read at each call), the dense copy above. Inputs other than
-        bf16 take forward's casts."""
-        if dtype is not torch.bfloat16:
+        calls): the 4-bit kernel up to max_rows rows (read at each call), the dense copy above. Inputs of another
+        dtype than the layer's take forward's casts."""
+        if dtype is not self.dtype:
             return self
         dense = self.dense.op(dtype) if isinstance(self.dense, PackedLinear) else self.dense
         n = self.out_features
@@ -136,17 +139,25 @@ class Int4Linear(nn.Module):
         return torch_kernel
 
 
-def quantize_int4_linears(model: nn.Module, max_rows: int, skip: tuple[str, ...] = ()) -> int:
+def takes(kernel, dtype: torch.dtype) -> bool:
+    """Whether our compiled int4 kernel takes rows of `dtype` on this build."""
+    if dtype is torch.bfloat16:
+        return kernel.int4_linear_bf16_native()
+    return dtype is torch.float32 and kernel.int4_linear_fp32_native()
+
+
+def quantize_int4_linears(model: nn.Module, max_rows: int, skip: tuple[str, ...] = (),
+                          dtype: torch.dtype = torch.bfloat16, kernel=None) -> int:
     """Replaces every nn.Linear of `model` (float32 weights) whose in_features is a multiple of 32 and whose
-    name is not in `skip` by an Int4Linear; returns how many."""
+    name is not in `skip` by an Int4Linear computing in `dtype` on `kernel` (ours; None: torch's); returns how many."""
     count, exact = 0, 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.in_features % GROUP == 0 and name not in skip:
-                layer = Int4Linear(child, max_rows, load_int4_kernel())
+                layer = Int4Linear(child, max_rows, kernel, dtype)
                 setattr(parent, name, layer)
                 count, exact = count + 1, exact + layer.exact
-    log.info("int4 weights for %d linears (%d of them exactly the source's Q4_1 blocks), int4 kernel up to "
-             "%d rows, dense bf16 above", count, exact, max_rows)
+    log.info("int4 weights for %d linears (%d of them exactly the source's Q4_1 blocks), %s rows, the int4 kernel up "
+             "to %d rows, dense above", count, exact, str(dtype).removeprefix("torch."), max_rows)
     return count
 

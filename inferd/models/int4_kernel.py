@@ -1,21 +1,32 @@
-"""Q4_1 linears on AVX-512 BF16: the 4-bit weights widened to bf16 in registers, multiplied by bf16 rows.
+"""Q4_1 linears: bf16 rows on AVX-512 BF16 (the 4-bit weights widened to bf16 in registers), float32 rows on AVX2
+(the weights multiplied as integers by inputs rounded to 16 bits a group). One layout for both.
 
 Layout (`pack_panels`): panels of 16 output channels; in each, groups of 32 weights along K as 256 bytes of
 nibbles, ordered so that one 32-byte load holds two bf16 dot-product operands (vdpbf16ps adds the products of a
 pair of inputs to 16 outputs at once): byte i of chunk c holds, low nibble, the weight of output i / 2 at input
 2 c + i % 2 of the group, high nibble the one at input 2 (c + 8) + i % 2. Each group's d and m stay fp16, as a Q4_1
 file stores them, 64 bytes beside its 256: 5 bits a weight, the file's own size, and y = sum_g d_g (q . x)_g +
-m_g (sum of x)_g is exact against the file's weights up to float32 accumulation.
+m_g (sum of x)_g.
 
-The bytes are widened to 16 bits straight from memory, and a nibble becomes its bf16 by a lookup of the word's low
-5 bits in a table of 0..15 written twice (vpermw: no mask for the low nibble, one shift for the high; a bf16 of
-128 + q by one bitwise op was as fast, but its m - 128 d correction cost float32 bits: 0.1-0.3 % of its outputs
-were a bf16 step off the nearest, none of these).
-Several accumulators per row keep the dot products' latency hidden. Up to 8 rows share each widened weight; more
-rows run in tiles of at most 8, as even as possible, over the same panel (it stays in L1/L2). Panels are split
-across the threads. On a 2-core AVX-512 BF16 EPYC (Zen 4), SmolLM2's 120 layer linears at one row: 2.9 ms (23
-GB/s) against torch's `_weight_int4pack_mm_for_cpu` 4.4 ms, 1.6-2.1x from 2 rows on, and faster than the dense
-bf16 copy up to 64 rows (benchmarks/results/int4-linear-zen4.md).
+bf16 rows: exact against the file's weights up to float32 accumulation. The bytes are widened to 16 bits straight
+from memory, and a nibble becomes its bf16 by a lookup of the word's low 5 bits in a table of 0..15 written twice
+(vpermw: no mask for the low nibble, one shift for the high; a bf16 of 128 + q by one bitwise op was as fast, but
+its m - 128 d correction cost float32 bits: 0.1-0.3 % of its outputs were a bf16 step off the nearest, none of
+these). Several accumulators per row keep the dot products' latency hidden. Up to 8 rows share each widened
+weight; more rows run in tiles of at most 8, as even as possible, over the same panel (it stays in L1/L2). On a
+2-core AVX-512 BF16 EPYC (Zen 4), SmolLM2's 120 layer linears at one row: 2.9 ms (23 GB/s) against torch's
+`_weight_int4pack_mm_for_cpu` 4.4 ms, 1.6-2.1x from 2 rows on, and faster than the dense bf16 copy up to 64 rows
+(benchmarks/results/int4-linear-zen4.md).
+
+float32 rows (AVX2, where bf16 is emulated and slow): each group of 32 inputs is rounded to 16-bit integers on its
+own scale (its largest |x| to 32767: an input moves by at most 1/65534 of that, where bf16 rows move each input by
+up to 1/512 of itself), and vpmaddwd multiplies them by the nibbles widened to 16 bits, two products a lane summed
+exactly in 32 bits: no nibble is converted to float (converting each, the loops ran at half the speed: an and, a
+conversion and an FMA for 8 products). Up to 4 rows share each widened weight. Measured in AVX2 code on the Zen 4
+(benchmarks/int4_linear.py --dtype float32 --march haswell): the 120 linears at one row 1.2x as fast as our int8
+kernel, 5.5x oneDNN's float32 product; slower than int8 from 3 rows, even with oneDNN at 32.
+
+Panels are split across the threads.
 """
 import functools
 import logging
@@ -36,8 +47,16 @@ SOURCE = r"""
 #include <cstring>
 #include <vector>
 
-bool int4_linear_native() {
+bool int4_linear_bf16_native() {  // bf16 rows: AVX-512 BF16
 #if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool int4_linear_fp32_native() {  // float32 rows: AVX2 and FMA
+#if defined(__AVX2__) && defined(__FMA__)
   return true;
 #else
   return false;
@@ -109,11 +128,105 @@ static void panel_tile(int64_t R, const uint8_t* w, const uint16_t* dm, int64_t 
 }
 #endif
 
-// x: [M, K] bf16; w: [P, G, 8, 32] uint8 (pack_panels); dm: [P, G, 2, 16] fp16; bias: [P * 16] fp32 or empty.
-// Returns y: [M, N] bf16.
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+// float32 rows on AVX2: each group of 32 inputs is rounded to 16-bit integers on its own scale (its largest |x| to
+// 32767), and the nibbles multiply them as 16-bit integers (vpmaddwd: two products a lane, summed exactly in 32
+// bits), so that no nibble is converted to float: a 16-byte half of a chunk widened to 16 bits holds output j's
+// nibbles at inputs (2c, 2c + 1) in lanes 2j and 2j + 1, low nibbles, and (2c + 16, 2c + 17) as high ones. The
+// group's integer sum times d and the inputs' scale, plus m times the group's float sum of x, is its share.
+template <int R>
+static void panel_rows_fp32(const uint8_t* w, const uint16_t* dm, int64_t G, const int16_t* xq, int64_t K,
+                            const float* xscale, const float* xsum, const float* bias, float* y, int64_t N, int64_t n0) {
+  const __m256i low = _mm256_set1_epi16(0xF);
+  for (int h = 0; h < 2; ++h) {
+    __m256 out[R];
+    for (int r = 0; r < R; ++r) out[r] = bias ? _mm256_loadu_ps(bias + n0 + 8 * h) : _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* b = w + g * 256 + h * 16;
+      __m256i acc[R][2];
+      for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      #pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(b + c * 32)));
+        const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_srli_epi16(v, 4);
+        for (int r = 0; r < R; ++r) {
+          const int16_t* x = xq + r * K + g * 32 + 2 * c;
+          int32_t pair_lo, pair_hi;
+          std::memcpy(&pair_lo, x, 4);
+          std::memcpy(&pair_hi, x + 16, 4);
+          acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(lo, _mm256_set1_epi32(pair_lo)));
+          acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(hi, _mm256_set1_epi32(pair_hi)));
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(dm + g * 32 + 8 * h)));
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(dm + g * 32 + 16 + 8 * h)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 s = _mm256_cvtepi32_ps(_mm256_add_epi32(acc[r][0], acc[r][1]));
+        out[r] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(xscale[r * G + g])),
+                                 _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[r * G + g]), out[r]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t n = n0 + 8 * h, left = N - n;
+      if (left >= 8) {
+        _mm256_storeu_ps(y + r * N + n, out[r]);
+      } else if (left > 0) {
+        alignas(32) float tail[8];
+        _mm256_store_ps(tail, out[r]);
+        std::memcpy(y + r * N + n, tail, left * sizeof(float));
+      }
+    }
+  }
+}
+
+// One group of 32 float inputs -> 16-bit integers on the group's scale (returned: the value of one step) and the
+// group's float sum.
+static inline float quantize_group(const float* x, int16_t* q, float* sum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4], mx = _mm256_setzero_ps(), total = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+    total = _mm256_add_ps(total, v[i]);
+  }
+  alignas(32) float lanes[8], sums[8];
+  _mm256_store_ps(lanes, mx);
+  _mm256_store_ps(sums, total);
+  float largest = 0, s = 0;
+  for (int i = 0; i < 8; ++i) largest = std::max(largest, lanes[i]), s += sums[i];
+  *sum = s;
+  const float step = largest / 32767.0f;
+  float inverse = 32767.0f / largest;
+  if (!(inverse < INFINITY)) inverse = 0.0f;  // all zero, or too small for a finite scale (the m term keeps its sum)
+  for (int i = 0; i < 4; i += 2) {  // nearest integers (|q| <= 32767), packed back in order
+    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inverse)));
+    const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], _mm256_set1_ps(inverse)));
+    _mm256_storeu_si256((__m256i*)(q + 8 * i), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
+  }
+  return step;
+}
+
+static void panel_tile_fp32(int64_t R, const uint8_t* w, const uint16_t* dm, int64_t G, const int16_t* xq, int64_t K,
+                            const float* xscale, const float* xsum, const float* bias, float* y, int64_t N, int64_t n0) {
+  switch (R) {
+    case 1: return panel_rows_fp32<1>(w, dm, G, xq, K, xscale, xsum, bias, y, N, n0);
+    case 2: return panel_rows_fp32<2>(w, dm, G, xq, K, xscale, xsum, bias, y, N, n0);
+    case 3: return panel_rows_fp32<3>(w, dm, G, xq, K, xscale, xsum, bias, y, N, n0);
+    default: return panel_rows_fp32<4>(w, dm, G, xq, K, xscale, xsum, bias, y, N, n0);
+  }
+}
+#endif
+
+// x: [M, K] bf16 or float32; w: [P, G, 8, 32] uint8 (pack_panels); dm: [P, G, 2, 16] fp16; bias: [P * 16] fp32 or
+// empty. Returns y: [M, N] of x's dtype.
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, torch::Tensor bias, int64_t N) {
-  TORCH_CHECK(int4_linear_native(), "int4_linear needs a build with AVX-512 BF16");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16, "x: contiguous [M, K] bf16");
+  const bool bf = x.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (bf || x.scalar_type() == torch::kFloat32),
+              "x: contiguous [M, K] bf16 or float32");
+  TORCH_CHECK(bf ? int4_linear_bf16_native() : int4_linear_fp32_native(),
+              bf ? "bf16 rows need a build with AVX-512 BF16" : "float32 rows need a build with AVX2 and FMA");
   TORCH_CHECK(w.dim() == 4 && w.is_contiguous() && w.scalar_type() == torch::kUInt8 && w.size(2) == 8 && w.size(3) == 32,
               "w: [P, G, 8, 32] uint8");
   const int64_t M = x.size(0), K = x.size(1), P = w.size(0), G = w.size(1);
@@ -123,25 +236,44 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
   TORCH_CHECK(bias.numel() == 0 || (bias.numel() == P * 16 && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
               "bias: empty or [P * 16] float32");
   auto y = torch::empty({M, N}, x.options());
-#if defined(__AVX512BF16__)
-  const bf16* xp = (const bf16*)x.data_ptr();
-  std::vector<float> xsum(M * G);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t g = 0; g < G; ++g)
-      xsum[r * G + g] = _mm512_reduce_add_ps(_mm512_add_ps(widen(xp + r * K + g * 32), widen(xp + r * K + g * 32 + 16)));
-  alignas(64) uint16_t values[32];  // bf16 of 0..15 (twice over)
-  for (int i = 0; i < 32; ++i) values[i] = __builtin_bit_cast(uint32_t, float(i & 15)) >> 16;
-  const __m512i table = _mm512_load_si512(values);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const uint16_t* dp = (const uint16_t*)dm.data_ptr();
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
-  bf16* yp = (bf16*)y.data_ptr();
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t r = 0, tiles = (M + 7) / 8, t = 0; t < tiles; r += M / tiles + (t < M % tiles), ++t)
-        panel_tile(M / tiles + (t < M % tiles), wp + p * G * 256, dp + p * G * 32, G, xp + r * K, K,
-                   xsum.data() + r * G, bp, yp + r * N, N, p * 16, table);
-  });
+#if defined(__AVX512BF16__)
+  if (bf) {
+    const bf16* xp = (const bf16*)x.data_ptr();
+    std::vector<float> xsum(M * G);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t g = 0; g < G; ++g)
+        xsum[r * G + g] = _mm512_reduce_add_ps(_mm512_add_ps(widen(xp + r * K + g * 32), widen(xp + r * K + g * 32 + 16)));
+    alignas(64) uint16_t values[32];  // bf16 of 0..15 (twice over)
+    for (int i = 0; i < 32; ++i) values[i] = __builtin_bit_cast(uint32_t, float(i & 15)) >> 16;
+    const __m512i table = _mm512_load_si512(values);
+    bf16* yp = (bf16*)y.data_ptr();
+    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t r = 0, tiles = (M + 7) / 8, t = 0; t < tiles; r += M / tiles + (t < M % tiles), ++t)
+          panel_tile(M / tiles + (t < M % tiles), wp + p * G * 256, dp + p * G * 32, G, xp + r * K, K,
+                     xsum.data() + r * G, bp, yp + r * N, N, p * 16, table);
+    });
+  }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (!bf) {
+    const float* xp = x.data_ptr<float>();
+    std::vector<int16_t> xq(M * K);
+    std::vector<float> xscale(M * G), xsum(M * G);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t g = 0; g < G; ++g)
+        xscale[r * G + g] = quantize_group(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t r = 0, tiles = (M + 3) / 4, t = 0; t < tiles; r += M / tiles + (t < M % tiles), ++t)
+          panel_tile_fp32(M / tiles + (t < M % tiles), wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
+                          xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16);
+    });
+  }
 #endif
   return y;
 }
@@ -149,24 +281,28 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
 
 
 @functools.cache
-def load_int4_kernel():
-    """The compiled module where this CPU has AVX-512 BF16 and it builds, else None (torch's int4 kernel serves)."""
-    from inferd.models.cpu import cpu_flags
+def load_int4_kernel(march: str = "native"):
+    """The compiled module where this CPU has AVX2 and FMA and it builds, else None (torch's int4 kernel serves bf16
+    rows). Its bf16 rows need AVX-512 BF16 (`int4_linear_bf16_native()`). `march` other than this CPU's own is for
+    tests and benchmarks: "haswell" builds the AVX2 loops alone on an AVX-512 machine."""
+    from inferd.models.cpu import cpu_flags, kernel_march
 
-    if os.environ.get("INFERD_NO_CPP_KERNELS") or "avx512_bf16" not in cpu_flags():
+    if os.environ.get("INFERD_NO_CPP_KERNELS") or not {"avx2", "fma"} <= cpu_flags():
         return None
     try:
         from torch.utils.cpp_extension import load_inline
 
         log.info("building the int4 linear kernel (cached after the first time)")
-        module = load_inline(name=f"inferd_int4_linear_{_cpu_tag()}", cpp_sources=SOURCE,
-                             functions=["int4_linear_native", "int4_linear"],
-                             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+        march = kernel_march(march)
+        suffix = "" if march == "native" else f"_{march.replace('-', '_')}"
+        module = load_inline(name=f"inferd_int4_linear_{_cpu_tag()}{suffix}", cpp_sources=SOURCE,
+                             functions=["int4_linear_bf16_native", "int4_linear_fp32_native", "int4_linear"],
+                             extra_cflags=["-O3", f"-march={march}", "-fopenmp"], extra_ldflags=["-fopenmp"],
                              verbose=False)
     except Exception as e:  # no compiler: torch's kernel serves
         log.warning("int4 linear kernel unavailable (%s); using torch's _weight_int4pack_mm_for_cpu", e)
         return None
-    return module if module.int4_linear_native() else None
+    return module if module.int4_linear_fp32_native() else None
 
 
 def pack_panels(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

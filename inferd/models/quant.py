@@ -20,6 +20,7 @@ import time
 import torch
 from torch import nn
 
+from inferd.models.cpu import kernel_march
 from inferd.models.cpu_kernels import _cpu_tag
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,7 @@ def load_int8_kernel(march: str = "native"):
     CPU's own is for tests and benchmarks: "haswell" builds the AVX2 loops on an AVX-512 machine."""
     if os.environ.get("INFERD_NO_CPP_KERNELS") or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
         return None
+    march = kernel_march(march)
     name = f"inferd_int8_linear_{_cpu_tag()}" + ("" if march == "native" else f"_{march.replace('-', '_')}")
     try:
         from torch.utils.cpp_extension import load_inline

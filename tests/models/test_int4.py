@@ -10,7 +10,7 @@ from inferd.engine.engine import LLMEngine, resolve_dtype, resolve_quantization
 from inferd.engine.request import SamplingParams
 from inferd.models.cpu import auto_quantization, has_native_bf16
 from inferd.models.quant import SmallRowsInt8, load_int8_kernel
-from inferd.models.int4 import GROUP, Int4Linear, dequantize_q4_1, int4_available, quantize_q4_1
+from inferd.models.int4 import GROUP, Int4Linear, dequantize_q4_1, int4_available, quantize_q4_1, takes
 from inferd.models.int4_kernel import load_int4_kernel, pack_panels
 from tests.engine.test_engine import run
 from tests.tiny import tiny_loaded_model
@@ -68,75 +68,126 @@ def test_packaged_model_linears_are_its_own_q4_1_blocks():
     torch.testing.assert_close(d2, d, rtol=1e-5, atol=0)
 
 
-OURS = pytest.param("ours", marks=pytest.mark.skipif(load_int4_kernel() is None, reason="no AVX-512 BF16 here"))
+def takes_rows(dtype: torch.dtype, march: str = "native") -> bool:
+    kernel = load_int4_kernel(march)
+    return kernel is not None and takes(kernel, dtype)
 
 
-def kernel_of(name: str):
-    return load_int4_kernel() if name == "ours" else None
+def our(dtype: torch.dtype, march: str = "native"):
+    """(kernel build, rows' dtype) as a test parameter, skipped where that build takes no such rows."""
+    reason = "no AVX-512 BF16 here" if dtype is torch.bfloat16 else "no C++ toolchain or no AVX2 here"
+    return pytest.param((march, dtype), id=f"ours-{march}-{dtype}".replace("torch.", ""),
+                        marks=pytest.mark.skipif(not takes_rows(dtype, march), reason=reason))
 
 
-@pytest.mark.parametrize("kernel", [OURS, "torch"])
+OURS = [our(torch.bfloat16), our(torch.float32), our(torch.float32, "haswell")]  # haswell: the AVX2 loops alone
+TORCH = pytest.param((None, torch.bfloat16), id="torch")
+
+
+@pytest.mark.parametrize("kernel", [*OURS, TORCH])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 40])
 @pytest.mark.parametrize("out_features,in_features,bias", [(48, 64, False), (37, 96, True), (5, 32, False),
                                                            (16, 32, True)])
 def test_int4_linear_matches_dequantized_reference(kernel, rows, out_features, in_features, bias):
+    (march, dtype), low = kernel, 1e-2 if kernel[1] is torch.bfloat16 else 2e-4  # float32: 16-bit inputs
     torch.manual_seed(rows * out_features)
     linear = nn.Linear(in_features, out_features, bias=bias)
-    layer = Int4Linear(linear, max_rows=8, kernel=kernel_of(kernel))
+    layer = Int4Linear(linear, max_rows=8, kernel=march and load_int4_kernel(march), dtype=dtype)
+    assert (layer.kernel is None) == (march is None)
     ref_weight = dequantize_q4_1(*quantize_q4_1(linear.weight))
-    x = torch.randn(rows, in_features).to(torch.bfloat16)
-    ref = nn.functional.linear(x.float(), ref_weight, None if linear.bias is None else linear.bias.detach().bfloat16().float())
+    if march is not None:  # ours: d and m in fp16, as a Q4_1 file keeps them
+        q, d, m = quantize_q4_1(linear.weight)
+        ref_weight = dequantize_q4_1(q, d.half().float(), m.half().float())
+    x = torch.randn(rows, in_features).to(dtype)
+    ref = nn.functional.linear(x.float(), ref_weight, None if linear.bias is None else linear.bias.detach().to(dtype).float())
     out = layer(x)
-    assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
-    tolerance = 2e-2 * ref.abs().max().item()
-    torch.testing.assert_close(out.float(), ref, atol=tolerance, rtol=1e-2)
+    assert out.dtype == dtype and out.shape == (rows, out_features)
+    tolerance = 2 * low * ref.abs().max().item()
+    torch.testing.assert_close(out.float(), ref, atol=tolerance, rtol=low)
     torch.testing.assert_close(layer(x.view(1, rows, in_features)).float(), ref.view(1, rows, -1), atol=tolerance,
+                               rtol=low)
+    other = torch.float32 if dtype is torch.bfloat16 else torch.bfloat16  # a model of the other dtype's input
+    torch.testing.assert_close(layer(x.to(other)).float(), ref, atol=max(tolerance, 2e-2 * ref.abs().max().item()),
                                rtol=1e-2)
-    torch.testing.assert_close(layer(x.float()), ref, atol=tolerance, rtol=1e-2)  # a float32 model's input
     assert layer.exact is False  # random weights are not Q4_1 blocks
 
 
-@pytest.mark.skipif(load_int4_kernel() is None, reason="no AVX-512 BF16 here")
+def rounded_to_16_bits(x: torch.Tensor) -> torch.Tensor:
+    """float32 rows as our AVX2 loops multiply them: each group of 32 on 32767 steps of its largest |x|."""
+    groups = x.double().view(x.shape[0], -1, GROUP)
+    step = groups.abs().amax(-1, keepdim=True) / 32767
+    return (torch.round(groups / torch.where(step > 0, step, 1.0)) * step).view(x.shape)
+
+
+@pytest.mark.parametrize("kernel", OURS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17])
 @pytest.mark.parametrize("n,k", [(16, 32), (17, 64), (1, 32), (100, 160), (960, 576)])
-def test_our_kernel_on_q4_1_file_values_is_float32_accurate(rows, n, k):
+def test_our_kernel_on_q4_1_file_values_is_float32_accurate(kernel, rows, n, k):
     """Q4_1 weights as a file has them (fp16 d and m): our kernel computes them exactly, so against a float64
-    reference it is off by its float32 sums and the bf16 rounding of its output only."""
+    reference it is off by its float32 sums and, bf16 rows, the bf16 rounding of its output, float32 rows, the
+    16-bit rounding of its inputs only."""
+    march, dtype = kernel
     w, q, d, m = q4_1_file_values(n, k, seed=rows + n)
     nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
     bias = torch.randn(nibbles.shape[0] * 16)
-    x = torch.randn(rows, k).bfloat16()
+    x = torch.randn(rows, k).to(dtype)
     ref = x.double() @ w.double().t() + bias[:n].double()
-    out = load_int4_kernel().int4_linear(x, nibbles, dm, bias, n)
-    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
+    out = load_int4_kernel(march).int4_linear(x, nibbles, dm, bias, n)
+    assert out.shape == (rows, n) and out.dtype == dtype
+    if dtype is torch.float32:  # exact for the inputs rounded to 16 bits a group (m takes their exact sum)
+        rounded = rounded_to_16_bits(x)
+        exact_for_rounded = rounded @ (w.double() - m.double().repeat_interleave(GROUP, 1)).t() + (
+            x.double().view(rows, -1, GROUP).sum(-1) @ m.double().t()) + bias[:n].double()
+        torch.testing.assert_close(out.double(), exact_for_rounded, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+        torch.testing.assert_close(out.double(), ref, rtol=1e-3, atol=2e-4 * ref.abs().max().item())
+        return
     torch.testing.assert_close(out.double(), ref, rtol=2 ** -8, atol=1e-4 * ref.abs().max().item())
     torch.testing.assert_close(out, ref.bfloat16(), rtol=2 ** -7, atol=1e-4 * ref.abs().max().item())
     assert (out == ref.bfloat16()).float().mean() >= 0.999  # float32 sums: the bf16 nearest the exact sum, all but never
 
 
-@pytest.mark.skipif(load_int4_kernel() is None, reason="no AVX-512 BF16 here")
+@pytest.mark.parametrize("kernel", OURS[1:])
+def test_float32_rows_with_zero_tiny_and_huge_groups(kernel):
+    _, q, d, m = q4_1_file_values(24, 128)
+    nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
+    x = torch.randn(4, 128)
+    x[0, :32] = 0  # a group's step is 0: no division by it
+    x[1, 32:64] *= 1e30
+    x[2, 64:96] *= 1e-30
+    x[3, 96:] *= 1e-37  # too small for a finite scale: counts as zero
+    out = load_int4_kernel(kernel[0]).int4_linear(x, nibbles, dm, torch.empty(0), 24)
+    ref = x.double() @ (q.double() * d.double().repeat_interleave(GROUP, 1) + m.double().repeat_interleave(GROUP, 1)).t()
+    assert torch.isfinite(out).all()
+    for r in range(4):
+        torch.testing.assert_close(out[r].double(), ref[r], rtol=1e-3, atol=2e-4 * ref[r].abs().max().item())
+
+
+@pytest.mark.skipif(not takes_rows(torch.float32, "haswell"), reason="no C++ toolchain or no AVX2 here")
 def test_our_kernel_refuses_what_it_cannot_take():
     _, q, d, m = q4_1_file_values(16, 64)
     nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
     kernel = load_int4_kernel()
     with pytest.raises(RuntimeError, match="disagree on K"):
-        kernel.int4_linear(torch.randn(1, 32).bfloat16(), nibbles, dm, torch.empty(0), 16)
-    with pytest.raises(RuntimeError, match="bf16"):
-        kernel.int4_linear(torch.randn(1, 64), nibbles, dm, torch.empty(0), 16)
+        kernel.int4_linear(torch.randn(1, 32), nibbles, dm, torch.empty(0), 16)
+    with pytest.raises(RuntimeError, match="bf16 or float32"):
+        kernel.int4_linear(torch.randn(1, 64).half(), nibbles, dm, torch.empty(0), 16)
     with pytest.raises(RuntimeError, match="on N"):
-        kernel.int4_linear(torch.randn(1, 64).bfloat16(), nibbles, dm, torch.empty(0), 17)
+        kernel.int4_linear(torch.randn(1, 64), nibbles, dm, torch.empty(0), 17)
+    with pytest.raises(RuntimeError, match="AVX-512 BF16"):  # the AVX2 build has no bf16 rows
+        load_int4_kernel("haswell").int4_linear(torch.randn(1, 64).bfloat16(), nibbles, dm, torch.empty(0), 16)
 
 
-@pytest.mark.parametrize("kernel", [OURS, "torch"])
+@pytest.mark.parametrize("kernel", [*OURS, TORCH])
 def test_kernel_and_dense_paths_agree(kernel):
+    march, dtype = kernel
     linear = nn.Linear(64, 48, bias=False)
-    kernel_only = Int4Linear(linear, max_rows=1000, kernel=kernel_of(kernel))
-    dense_only = Int4Linear(linear, max_rows=0, kernel=kernel_of(kernel))
-    x = torch.randn(4, 64).to(torch.bfloat16)
+    kernel_only = Int4Linear(linear, max_rows=1000, kernel=march and load_int4_kernel(march), dtype=dtype)
+    dense_only = Int4Linear(linear, max_rows=0, kernel=march and load_int4_kernel(march), dtype=dtype)
+    x = torch.randn(4, 64).to(dtype)
     torch.testing.assert_close(kernel_only(x).float(), dense_only(x).float(), atol=3e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("dtype", ["auto", "float32"])  # bf16 throughout, or only the linears' inputs
+@pytest.mark.parametrize("dtype", ["auto", "float32"])  # auto: the CPU's rows; float32: on our AVX2 loops where they build
 def test_int4_engine_runs_and_agrees_with_fp32(dtype):
     model = tiny_loaded_model()
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -149,7 +200,9 @@ def test_int4_engine_runs_and_agrees_with_fp32(dtype):
         tokens = run(e, {rid: (ids, params) for rid, ids in prompts.items()})[0]
         assert all(len(t) == 8 for t in tokens.values())
         outputs.append(tokens)
-    assert e.dtype == (torch.bfloat16 if dtype == "auto" else torch.float32) and any(isinstance(m, Int4Linear) for m in e.model.modules())
+    layers = [m for m in e.model.modules() if isinstance(m, Int4Linear)]
+    assert e.dtype == resolve_dtype(dtype, "int4") and layers
+    assert {layer.dtype for layer in layers} == {e.dtype if takes_rows(e.dtype) else torch.bfloat16}
     assert isinstance(e.model.lm_head, nn.Module) and not isinstance(e.model.lm_head, Int4Linear)
     assert sum(outputs[0][r][0] == outputs[1][r][0] for r in prompts) >= 8
 
@@ -170,11 +223,13 @@ def test_int4_engine_head_is_int8_for_one_sequence_and_agrees_with_its_dense_cop
 
 
 def test_auto_dtype_follows_the_weight_format():
-    assert resolve_dtype("auto", "int4") == torch.bfloat16 and resolve_dtype("auto", "int8") == torch.float32
+    int4_rows = torch.bfloat16 if has_native_bf16() or load_int4_kernel() is None else torch.float32
+    assert resolve_dtype("auto", "int4") == int4_rows and resolve_dtype("auto", "int8") == torch.float32
 
 
 def test_auto_picks_by_cpu_and_dtype():
-    assert auto_quantization("float32") == "int8" and auto_quantization("float16") == "none"
-    assert auto_quantization("auto") == ("int4" if has_native_bf16() else "int8")
+    native = has_native_bf16()
+    assert auto_quantization("float32") == ("int8" if native else "int4") and auto_quantization("float16") == "none"
+    assert auto_quantization("auto") == "int4" and auto_quantization("bfloat16") == ("int4" if native else "none")
     assert resolve_quantization("int8", "auto") == "int8"
     assert resolve_quantization("auto", "auto") in ("int4", "int8", "none")
