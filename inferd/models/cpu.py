@@ -33,7 +33,8 @@ def int4_max_rows(own_kernel: bool, float32_rows: bool = False) -> int:
     bf16's time at 1-2 rows, even at 4, 1.4x at 8 (benchmarks/results/quant-zen4-avx512bf16.md); ours 0.28x at
     one row, 0.56x at 8, 0.89x at 32, 0.93x at 64, even at 96 (benchmarks/results/int4-linear-zen4.md). Not
     measured on AMX, where dense bf16 is faster: 2 there. Without native bf16 a forced bf16 int4 uses the kernel
-    for one row only. float32 (our AVX2 loops against oneDNN's float32 product): FP32_ROWS_PLACEHOLDER"""
+    for one row only. float32 rows, our AVX2 loops against oneDNN's float32 product in AVX2 code on the Zen 4: 0.18x
+    its time at one row, 0.51x at 8, even at 32 and 64 (benchmarks/results/int4-linear-fp32-avx2-on-zen4.md): 32."""
     if float32_rows:
         return 32
     if "amx_bf16" in cpu_flags():

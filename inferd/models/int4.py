@@ -1,4 +1,4 @@
-"""Weight-only 4-bit linears in GGUF Q4_1's own format (groups of 32 along K, w = d * q + m), bf16 activations.
+"""Weight-only 4-bit linears in GGUF Q4_1's own format (groups of 32 along K, w = d * q + m), bf16 or float32 rows.
 
 Decoding one sequence reads every weight once per step, so bytes read set the step's time: 4-bit reads a
 quarter of bf16. torch's `_weight_int4pack_mm_for_cpu` computes x @ W.T with W = (q - 8) * scale + zero per
@@ -7,9 +7,9 @@ The packaged SmolLM2 file stores its linears as Q4_1, so `quantize_q4_1` on the 
 dequantized gives back the file's own q, d and m (llama.cpp's Q4_1 puts each group's min at q = 0 and its
 max at q = 15): the 4-bit model computes on the file's weights, not a second rounding of them.
 
-Where the CPU has AVX-512 BF16, our own kernel (inferd.models.int4_kernel) takes the weights instead, with d
-and m in fp16 as the file has them: 1.5x torch's at one row, 1.6-2.1x at more, on a Zen 4
-(benchmarks/int4_linear.py).
+Our own kernel (inferd.models.int4_kernel) takes the weights instead where it builds, with d and m in fp16 as the
+file has them: bf16 rows on AVX-512 BF16 (1.4x torch's kernel at one row, 1.6-2.1x at more, on a Zen 4), float32
+rows on AVX2, where bf16 is emulated and torch's kernel slow (benchmarks/int4_linear.py).
 
 Either kernel's time grows with the rows, and from a few rows on a dense bf16 matmul is faster. Each layer
 therefore also keeps the same weights dequantized to bf16 (oneDNN prepacked) and uses them above `max_rows` rows
