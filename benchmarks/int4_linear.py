@@ -1,6 +1,7 @@
 """SmolLM2-135M's 120 layer linears (qkv, o, gate_up, down of its 30 layers) at a few rows, in 4 bits and dense.
 One pass runs all 120 in a row, so each reads its weights from memory (66 MB of 4-bit weights, far past the
-last-level cache), as a decode step does, each called as the engine calls it (its `op`). Median of --repeats passes per size, the candidates taking turns.
+last-level cache), as a decode step does, each called as the engine calls it (its `op`). Median of --repeats
+passes per size, the candidates taking turns.
 
 --dtype bfloat16: our Q4_1 kernel (inferd.models.int4_kernel, AVX-512 BF16), torch's
 `_weight_int4pack_mm_for_cpu` on the same weights, and the dense bf16 copy the engine takes above int4_max_rows
