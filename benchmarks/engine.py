@@ -39,8 +39,8 @@ def random_prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[l
 
 # ---- inferd
 
-def inferd_decode(engine: LLMEngine, batch: int) -> float:
-    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+def inferd_decode(engine: LLMEngine, batch: int, new_tokens: int = NEW_TOKENS) -> float:
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(random_prompts(batch, PROMPT_LEN, engine.model.config.vocab_size)):
         engine.add_request(f"d{batch}-{i}", ids, params)
     decode_s, decode_tokens = 0.0, 0
@@ -51,7 +51,7 @@ def inferd_decode(engine: LLMEngine, batch: int) -> float:
         if not sched.prefills:
             decode_s += time.perf_counter() - t
             decode_tokens += len(outs)
-    assert decode_tokens == batch * (NEW_TOKENS - 1)
+    assert decode_tokens == batch * (new_tokens - 1)
     return decode_tokens / decode_s
 
 

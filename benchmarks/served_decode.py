@@ -7,7 +7,7 @@ Targets, taking turns in every round (A B C ... A B C ...), so that a change of 
   engine:<fmt>   the same inferd engine in this process, no server (benchmarks/engine.py's loop), at its best:
                  every step on all threads, every prompt in one step (a budget of 64 x 128 tokens)
 The servers are called by one light client in this process (httpx, streamed /v1/completions, token-id prompts):
-  decode B   B completions sent at once: 128 random prompt tokens, 128 new, greedy, ignore_eos. tok/s = the
+  decode B   B completions sent at once: 128 random prompt tokens, 128 new (--new-tokens), greedy, ignore_eos. tok/s = the
              tokens that arrive while all B streams decode (after the last stream's first token, until the first
              stream's last) / that window. In process: the decode steps' tokens / their time.
   ttft       a new 1,024-token prompt each time (no prefix-cache hit), max_tokens 1: ms to its first token.
@@ -83,10 +83,10 @@ def decode_window(streams: list[dict]) -> float:
     return tokens / (end - start)
 
 
-async def served_decode(url: str, key: str, model: str, batch: int, seed: int, vocab: int) -> float:
+async def served_decode(url: str, key: str, model: str, batch: int, seed: int, vocab: int, new_tokens: int) -> float:
     prompts = random_prompts(batch, PROMPT_LEN, vocab, seed=seed)
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=batch + 4)) as client:
-        streams = await asyncio.gather(*(stream(client, url, key, model, p, NEW_TOKENS) for p in prompts))
+        streams = await asyncio.gather(*(stream(client, url, key, model, p, new_tokens) for p in prompts))
     return decode_window(streams)
 
 
@@ -104,8 +104,8 @@ class Served:
     def __init__(self, name: str, url: str, key: str, model: str):
         self.name, self.url, self.key, self.model = name, url, key, model
 
-    def decode(self, batch: int, seed: int, vocab: int) -> float:
-        return asyncio.run(served_decode(self.url, self.key, self.model, batch, seed, vocab))
+    def decode(self, batch: int, seed: int, vocab: int, new_tokens: int = NEW_TOKENS) -> float:
+        return asyncio.run(served_decode(self.url, self.key, self.model, batch, seed, vocab, new_tokens))
 
     def ttft(self, seed: int, vocab: int) -> float:
         return asyncio.run(served_ttft(self.url, self.key, self.model, seed, vocab))
@@ -119,8 +119,8 @@ class InProcess:
                                                     small_step_threads=torch.get_num_threads()))
         inferd_decode(self.engine, 1)  # warm-up, as a replica's readiness inference is
 
-    def decode(self, batch: int, seed: int, vocab: int) -> float:
-        return inferd_decode(self.engine, batch)
+    def decode(self, batch: int, seed: int, vocab: int, new_tokens: int = NEW_TOKENS) -> float:
+        return inferd_decode(self.engine, batch, new_tokens)
 
     def ttft(self, seed: int, vocab: int) -> float:
         (ids,) = random_prompts(1, LONG_PROMPT, vocab, seed=seed)
@@ -169,6 +169,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--ttft-repeats", type=int, default=2, help="long prompts per target and round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS,
+                    help="tokens a decode stream generates: more make a one-stream figure steadier on a noisy machine")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -212,7 +214,7 @@ def main() -> None:
             for t in targets:
                 for b in batches:
                     seed += 1
-                    runs[t.name][f"decode_b{b}"].append(round(t.decode(b, seed, vocab), 1))
+                    runs[t.name][f"decode_b{b}"].append(round(t.decode(b, seed, vocab, args.new_tokens), 1))
                 for _ in range(args.ttft_repeats):
                     seed += 1
                     runs[t.name]["ttft_ms"].append(round(t.ttft(seed, vocab), 1))
@@ -224,7 +226,7 @@ def main() -> None:
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
               "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                           "vllm": vllm_version, "load_average_after": _loadavg()},
-              "settings": SETTINGS, "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": NEW_TOKENS,
+              "settings": SETTINGS, "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": args.new_tokens,
                                                  "long_prompt_tokens": LONG_PROMPT, "rounds": args.rounds},
               "runs": runs,
               "medians": {name: {k: statistics.median(v) for k, v in by.items()} for name, by in runs.items()}}
