@@ -79,6 +79,7 @@ def first_layers(target: LlamaForCausalLM, n: int) -> LlamaForCausalLM:
     draft.embed_tokens, draft.norm, draft.lm_head, draft.rope = (target.embed_tokens, target.norm,
                                                                  target.lm_head, target.rope)
     draft.layers = nn.ModuleList(target.layers[:n])
+    draft.use_kernels(target.kernels)
     return draft
 
 

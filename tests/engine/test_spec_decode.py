@@ -141,6 +141,7 @@ def test_greedy_output_is_identical_with_a_smaller_draft_model(drafts, plain_mix
     for draft in ("one-layer", "layers:1"):
         engine = make_engine(num_speculative_tokens=3, speculative_model=drafts.get(draft, draft))
         assert generate(engine, MIXED, params, check=draft_kv_within_target_kv) == plain_mixed
+        assert engine.speculator.draft_model.runner.model.kernels is engine.model.kernels  # the target's C++ ops
         stats[draft] = engine.speculator.stats
     assert acceptance_rate(stats["one-layer"]) < 1  # some drafts rejected, their KV overwritten later
     # a separate draft keeps its own KV as right as the layer-skip draft that reads the target's first layer:
