@@ -16,6 +16,7 @@ from torch.profiler import record_function
 
 from inferd.models.config import ModelConfig
 from inferd.models.cpu_kernels import TorchKernels
+from inferd.models.packed import linear_op
 
 
 class StepInterrupted(Exception):
@@ -124,13 +125,6 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
 
-def linear_op(module: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
-    """What a linear runs a 2-D contiguous input of `dtype` with: its own op(dtype) where it has one (prepacked,
-    int4, int8: their kernel and weights bound once), else the module itself."""
-    op = getattr(module, "op", None)
-    return module if op is None else op(dtype)
-
-
 @dataclass(slots=True)
 class LayerOps:
     """One decoder layer as plain calls, made from its modules once (LlamaForCausalLM.layer_ops): a forward through
@@ -210,7 +204,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config, max_positions)
         self.kernels = TorchKernels  # the ops of inferd.models.cpu_kernels the layers run on (use_kernels)
-        self._layer_ops: list[LayerOps] | None = None
+        self._plan: tuple[list[LayerOps], Callable[[torch.Tensor], torch.Tensor]] | None = None  # layers, lm_head
         self._caches: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def use_kernels(self, kernels) -> None:
@@ -220,14 +214,17 @@ class LlamaForCausalLM(nn.Module):
 
     def layer_ops(self) -> list[LayerOps]:
         """The layers as plain calls, made on first use: after the weights are loaded, cast, quantized and packed."""
-        if self._layer_ops is None:
+        return self._planned()[0]
+
+    def _planned(self) -> tuple[list[LayerOps], Callable[[torch.Tensor], torch.Tensor]]:
+        if self._plan is None:
             dtype = self.embed_tokens.weight.dtype  # the activations'
-            self._layer_ops = [LayerOps.of(layer, dtype) for layer in self.layers]
-        return self._layer_ops
+            self._plan = [LayerOps.of(layer, dtype) for layer in self.layers], linear_op(self.lm_head, dtype)
+        return self._plan
 
     def replan(self) -> None:
-        """Forgets the layers' ops: call it after replacing a layer's module once the model has run."""
-        self._layer_ops = None
+        """Forgets the layers' and lm_head's ops: call it after replacing a module once the model has run."""
+        self._plan = None
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: torch.Tensor,
@@ -238,12 +235,13 @@ class LlamaForCausalLM(nn.Module):
         its own over other slots of the cache before this one goes on."""
         h, residual = self.embed_tokens(input_ids), None
         rope, kernels, profiling = (self.rope.cos, self.rope.sin, positions), self.kernels, torch.autograd._profiler_enabled()
-        for ops, (k_cache, v_cache) in zip(self.layer_ops(), self._layer_caches(kv_cache)):
+        layers, head = self._planned()
+        for ops, (k_cache, v_cache) in zip(layers, self._layer_caches(kv_cache)):
             if between is not None:
                 between()
             h, residual = decoder_layer(ops, kernels, h, residual, rope, meta, k_cache, v_cache, profiling)
         h = kernels.add_rms_norm(h[logits_indices], residual[logits_indices], self.norm.weight, self.norm.eps)
-        return self.lm_head(h).float()
+        return head(h).float()
 
     def _layer_caches(self, kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's (K, V) views of kv_cache, made once per cache tensor."""

@@ -49,6 +49,13 @@ class PackedLinear(nn.Module):
         return run
 
 
+def linear_op(module: nn.Module, dtype: torch.dtype):
+    """What a linear runs a 2-D contiguous input of `dtype` with: its own op(dtype) where it has one (prepacked,
+    int4, int8: their kernel and weights bound once), else the module itself."""
+    op = getattr(module, "op", None)
+    return module if op is None else op(dtype)
+
+
 def pair_weights(w: torch.Tensor) -> torch.Tensor:
     """bf16 [N, K] (K even) -> [ceil(N / 16), K / 2, 16, 2]: 16 outputs' pairs of weights side by side for each pair
     of inputs, N padded with zero rows, the layout of the C++ `one_row_linear`."""

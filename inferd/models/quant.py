@@ -22,6 +22,7 @@ from torch import nn
 
 from inferd.models.cpu import kernel_march
 from inferd.models.cpu_kernels import _cpu_tag
+from inferd.models.packed import linear_op
 
 log = logging.getLogger(__name__)
 
@@ -374,3 +375,9 @@ class SmallRowsInt8(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.int8(x) if x.numel() <= self.max_rows * self.in_features else self.dense(x)
+
+    def op(self, dtype: torch.dtype):
+        """As forward, for a 2-D contiguous input of `dtype`, both linears' ops bound once (max_rows read at each
+        call)."""
+        int8, dense = linear_op(self.int8, dtype), linear_op(self.dense, dtype)
+        return lambda x: int8(x) if x.shape[0] <= self.max_rows else dense(x)
