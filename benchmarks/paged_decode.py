@@ -27,20 +27,19 @@ import torch
 
 from benchmarks import limits
 from benchmarks.engine import _cpu_name
-from inferd.models.cpu_kernels import FUNCTIONS, TorchKernels, _cpu_tag, load_cpp_kernels
+from inferd.models.cpp_build import build
+from inferd.models.cpu_kernels import FUNCTIONS, TorchKernels, load_cpp_kernels
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
 
 def kernels_at(rev: str):
     """The C++ kernels as inferd/models/cpu_kernels.py had them at git revision `rev`, built for this CPU."""
-    from torch.utils.cpp_extension import load_inline
     text = subprocess.run(["git", "show", f"{rev}:inferd/models/cpu_kernels.py"], check=True, capture_output=True,
                           text=True).stdout
     source = next(ast.literal_eval(node.value) for node in ast.parse(text).body
                   if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SOURCE")
-    return load_inline(name=f"inferd_cpu_kernels_{_cpu_tag()}_{rev}", cpp_sources=source, functions=FUNCTIONS,
-                       extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"])
+    return build(f"inferd_cpu_kernels_{rev}", source, FUNCTIONS, cflags=("-ffast-math",))
 
 
 def setup(batch: int, context: int, layers: int, blocks_per_layer: int, dtype, seed: int = 0):

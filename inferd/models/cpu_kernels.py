@@ -32,16 +32,13 @@ whatever it has; -ffast-math at compile time only, so that exp vectorizes, witho
 start-up code a fast-math link would add to the process) and cached per CPU.
 """
 import functools
-import hashlib
 import logging
 import os
-import platform
-import sys
 
 import torch
 import torch.nn.functional as F
 
-from inferd.models.cpu import kernel_march
+from inferd.models.cpp_build import build
 
 log = logging.getLogger(__name__)
 
@@ -907,24 +904,8 @@ def load_cpp_kernels(march: str = "native"):
     if os.environ.get("INFERD_NO_CPP_KERNELS"):
         return None
     try:
-        from torch.utils.cpp_extension import load_inline
-
         log.info("building the decoder's C++ kernels (cached after the first time)")
-        march = kernel_march(march)
-        suffix = "" if march == "native" else f"_{march.replace('-', '_')}"
-        return load_inline(name=f"inferd_cpu_kernels_{_cpu_tag()}{suffix}", cpp_sources=SOURCE, functions=FUNCTIONS,
-                           extra_cflags=["-O3", f"-march={march}", "-fopenmp", "-ffast-math"],
-                           extra_ldflags=["-fopenmp"], verbose=False)
+        return build("inferd_cpu_kernels", SOURCE, FUNCTIONS, march, cflags=("-ffast-math",))
     except Exception as e:  # no compiler, no ninja: the torch ops serve
         log.warning("C++ kernels unavailable (%s); using torch ops", e)
         return None
-
-
-def _cpu_tag() -> str:
-    """Part of the build's cache key: a -march=native build must not be loaded on another CPU, and each Python
-    environment has its own build (two venvs' include paths differ, so each would rebuild over the other's)."""
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor()
-    return hashlib.sha256(f"{flags}\n{sys.prefix}".encode()).hexdigest()[:10]

@@ -34,7 +34,7 @@ import os
 
 import torch
 
-from inferd.models.cpu_kernels import _cpu_tag
+from inferd.models.cpp_build import build
 
 log = logging.getLogger(__name__)
 
@@ -285,20 +285,14 @@ def load_int4_kernel(march: str = "native"):
     """The compiled module where this CPU has AVX2 and FMA and it builds, else None (torch's int4 kernel serves bf16
     rows). Its bf16 rows need AVX-512 BF16 (`int4_linear_bf16_native()`). `march` other than this CPU's own is for
     tests and benchmarks: "haswell" builds the AVX2 loops alone on an AVX-512 machine."""
-    from inferd.models.cpu import cpu_flags, kernel_march
+    from inferd.models.cpu import cpu_flags
 
     if os.environ.get("INFERD_NO_CPP_KERNELS") or not {"avx2", "fma"} <= cpu_flags():
         return None
     try:
-        from torch.utils.cpp_extension import load_inline
-
         log.info("building the int4 linear kernel (cached after the first time)")
-        march = kernel_march(march)
-        suffix = "" if march == "native" else f"_{march.replace('-', '_')}"
-        module = load_inline(name=f"inferd_int4_linear_{_cpu_tag()}{suffix}", cpp_sources=SOURCE,
-                             functions=["int4_linear_bf16_native", "int4_linear_fp32_native", "int4_linear"],
-                             extra_cflags=["-O3", f"-march={march}", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                             verbose=False)
+        module = build("inferd_int4_linear", SOURCE, ["int4_linear_bf16_native", "int4_linear_fp32_native",
+                                                      "int4_linear"], march)
     except Exception as e:  # no compiler: torch's kernel serves
         log.warning("int4 linear kernel unavailable (%s); using torch's _weight_int4pack_mm_for_cpu", e)
         return None

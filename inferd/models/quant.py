@@ -15,13 +15,11 @@ serves. Measured against the alternatives in benchmarks/quantization.py.
 import functools
 import logging
 import os
-import time
 
 import torch
 from torch import nn
 
-from inferd.models.cpu import kernel_march
-from inferd.models.cpu_kernels import _cpu_tag
+from inferd.models.cpp_build import build
 from inferd.models.packed import linear_op
 
 log = logging.getLogger(__name__)
@@ -261,33 +259,12 @@ def load_int8_kernel(march: str = "native"):
     CPU's own is for tests and benchmarks: "haswell" builds the AVX2 loops on an AVX-512 machine."""
     if os.environ.get("INFERD_NO_CPP_KERNELS") or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
         return None
-    march = kernel_march(march)
-    name = f"inferd_int8_linear_{_cpu_tag()}" + ("" if march == "native" else f"_{march.replace('-', '_')}")
     try:
-        from torch.utils.cpp_extension import load_inline
-
-        _drop_stale_lock(name)
         log.info("building the int8 linear kernel (cached after the first time)")
-        return load_inline(name=name, cpp_sources=SOURCE, functions=["int8_linear"],
-                           extra_cflags=["-O3", f"-march={march}", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                           verbose=False)
+        return build("inferd_int8_linear", SOURCE, ["int8_linear"], march)
     except Exception as e:
         log.warning("int8 linear kernel unavailable (%s); using torch's _weight_int8pack_mm", e)
         return None
-
-
-def _drop_stale_lock(name: str, max_age_s: float = 600.0) -> None:
-    """A process killed while building leaves torch's build lock behind, and every later load waits on it
-    forever; no build of this kernel takes 10 minutes."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
-    try:
-        if time.time() - os.path.getmtime(lock) > max_age_s:
-            log.warning("removing a stale build lock %s", lock)
-            os.remove(lock)
-    except FileNotFoundError:
-        pass
 
 
 # ---- weights
