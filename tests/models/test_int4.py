@@ -1,5 +1,8 @@
 """4-bit Q4_1 weights: the quantizer gives a Q4_1 file's blocks back exactly, the kernel path against the plain
 torch dequantized reference (odd shapes, both sides of max_rows), the engine with int4 and its settings."""
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -175,6 +178,25 @@ def test_our_kernel_refuses_what_it_cannot_take():
         kernel.int4_linear(torch.randn(1, 64), nibbles, dm, torch.empty(0), 17)
     with pytest.raises(RuntimeError, match="AVX-512 BF16"):  # the AVX2 build has no bf16 rows
         load_int4_kernel("haswell").int4_linear(torch.randn(1, 64).bfloat16(), nibbles, dm, torch.empty(0), 16)
+
+
+@pytest.mark.skipif(not takes_rows(torch.float32, "haswell"), reason="no C++ toolchain or no AVX2 here")
+def test_our_kernel_lets_other_python_threads_run():
+    """The C++ kernels release the GIL while they run (inferd.models.cpp_build), as torch's ops do: a replica's
+    event loop goes on while the engine's step is in a kernel."""
+    _, q, d, m = q4_1_file_values(2048, 4096)
+    nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
+    kernel, x = load_int4_kernel("haswell"), torch.randn(2048, 4096)
+    done, ticks = threading.Event(), []
+    worker = threading.Thread(target=lambda: (kernel.int4_linear(x, nibbles, dm, torch.empty(0), 2048), done.set()))
+    start = time.perf_counter()
+    worker.start()
+    while not done.is_set():
+        ticks.append(time.perf_counter())
+    worker.join()
+    took = time.perf_counter() - start
+    assert took > 0.05, "the call is too short to tell"
+    assert any(start + took / 4 < t < start + 3 * took / 4 for t in ticks), "this thread stood still during the call"
 
 
 @pytest.mark.parametrize("kernel", [*OURS, TORCH])
