@@ -237,6 +237,7 @@ def quality(model, variants: dict[str, dict], only: str | None = None) -> dict:
         w8a8 = settings.pop("w8a8_fbgemm", False)
         int4_lm_head = settings.pop("int4_lm_head", False)
         int4_max_rows = settings.pop("int4_max_rows", None)
+        int8_rows = settings.pop("int4_int8_rows", "default")
         engine = LLMEngine(model, EngineConfig(max_num_seqs=len(prompts), kv_cache_gib=0.5, pack_weights=not w8a8,
                                                **settings))
         if w8a8:
@@ -247,6 +248,8 @@ def quality(model, variants: dict[str, dict], only: str | None = None) -> dict:
             engine.model.lm_head = Int4Linear(lm_head, engine.model.layers[0].mlp.down_proj.max_rows, load_int4_kernel())
         for layer in (m for m in engine.model.modules() if isinstance(m, (Int4Linear, SmallRowsInt8)) and int4_max_rows):
             layer.max_rows = int4_max_rows
+        for layer in (m for m in engine.model.modules() if isinstance(m, Int4Linear) and int8_rows != "default"):
+            layer.int8_rows = int8_rows
         engine.model.replan()  # linears replaced above
         logits, tokens = all_logits(engine.model, ids), greedy(engine, prompts)
         if ref is None:
@@ -294,10 +297,15 @@ def main() -> None:
                                             "bf16": {"dtype": "bfloat16", "quantization": "none"},
                                             **({"int4": {"quantization": "int4"},
                                                 "int4, kernel at every M": {"quantization": "int4",
-                                                                            "int4_max_rows": 1 << 30},
+                                                                            "int4_max_rows": 1 << 30,
+                                                                            "int4_int8_rows": None},
                                                 "int4, lm_head 4-bit too": {"quantization": "int4",
                                                                             "int4_lm_head": True}}
                                                if int4_available() else {}),
+                                            **({"int4, int8 inputs (VNNI), kernel at every M": {
+                                                "quantization": "int4", "int4_max_rows": 1 << 30, "int4_int8_rows": 1}}
+                                               if load_int4_kernel() is not None
+                                               and load_int4_kernel().int4_linear_int8_native() else {}),
                                             **({"int4, float32 rows (AVX2 loops), kernel at every M": {
                                                 "dtype": "float32", "quantization": "int4", "int4_max_rows": 1 << 30}}
                                                if load_int4_kernel() is not None else {})}, args.quality_only)

@@ -44,6 +44,17 @@ def int4_max_rows(own_kernel: bool, float32_rows: bool = False) -> int:
     return 1
 
 
+def int4_int8_rows() -> int | None:
+    """Rows from which our int4 kernel rounds bf16 rows to int8 a group of 32 and multiplies them on VNNI
+    (int4_linear_int8, llama.cpp's Q4_1 x Q8_1) instead of widening the nibbles to bf16; None: never. On a Zen 4
+    (AVX-512 BF16 + VNNI), SmolLM2's 120 layer linears: 1.04-1.07x the bf16 rows' speed at 1-3 rows, 1.12x at 4,
+    1.2x at 6-8, 1.39x at 64, at 3x their error against the file's weights (0.54 % against 0.17 %,
+    benchmarks/results/int4-int8-inputs-zen4.md): below 4 rows the bf16 rows, exact against the file, cost little.
+    Not measured where AMX multiplies bf16 (int4_max_rows is 2 there)."""
+    flags = cpu_flags()
+    return 4 if {"avx512_vnni", "avx512_bf16"} <= flags and "amx_bf16" not in flags else None
+
+
 def auto_quantization(dtype: str) -> str:
     """The weight format `--quantization auto` picks for a `--dtype` setting: int4 with bf16 rows where bf16 is
     native, int4 with float32 rows where it is not (inferd's AVX2 loops: in AVX2 code on a Zen 4 1.05-1.08x int8's

@@ -9,7 +9,9 @@ max at q = 15): the 4-bit model computes on the file's weights, not a second rou
 
 Our own kernel (inferd.models.int4_kernel) takes the weights instead where it builds, with d and m in fp16 as the
 file has them: bf16 rows on AVX-512 BF16 (1.4x torch's kernel at one row, 1.6-2.1x at more, on a Zen 4), float32
-rows on AVX2, where bf16 is emulated and torch's kernel slow (benchmarks/int4_linear.py).
+rows on AVX2, where bf16 is emulated and torch's kernel slow (benchmarks/int4_linear.py). Where the CPU has VNNI
+(without AMX), bf16 rows from `int8_rows` rows on are rounded to int8 a group and multiplied as integers
+(inferd.models.cpu.int4_int8_rows).
 
 Either kernel's time grows with the rows, and from a few rows on a dense bf16 matmul is faster. Each layer
 therefore also keeps the same weights dequantized to bf16 (oneDNN prepacked) and uses them above `max_rows` rows
@@ -21,6 +23,7 @@ import logging
 import torch
 from torch import nn
 
+from inferd.models.cpu import int4_int8_rows
 from inferd.models.int4_kernel import pack_panels
 from inferd.models.packed import PackedLinear, can_pack
 
@@ -84,6 +87,9 @@ class Int4Linear(nn.Module):
             kernel = None
         assert kernel is not None or dtype is torch.bfloat16, "float32 rows need our kernel (AVX2)"
         self.kernel = kernel
+        # from these rows on (up to max_rows) the kernel's inputs are rounded to int8 (int4_linear_int8); None: never
+        self.int8_rows = int4_int8_rows() if kernel is not None and dtype is torch.bfloat16 and \
+            kernel.int4_linear_int8_native() else None
         bias = None if linear.bias is None else linear.bias.detach()
         if kernel is not None:  # d and m in fp16, as a Q4_1 file has them
             d, m = d.half().float(), m.half().float()
@@ -127,7 +133,16 @@ class Int4Linear(nn.Module):
         n = self.out_features
         if self.kernel is not None:
             int4, nibbles, dm, bias = self.kernel.int4_linear, self.nibbles, self.dm, self.row_bias
-            return lambda x: int4(x, nibbles, dm, bias, n) if x.shape[0] <= self.max_rows else dense(x)
+            if self.int8_rows is None:
+                return lambda x: int4(x, nibbles, dm, bias, n) if x.shape[0] <= self.max_rows else dense(x)
+            int8 = self.kernel.int4_linear_int8
+
+            def rows_by_size(x: torch.Tensor) -> torch.Tensor:
+                m = x.shape[0]
+                if m > self.max_rows:
+                    return dense(x)
+                return (int8 if m >= self.int8_rows else int4)(x, nibbles, dm, bias, n)
+            return rows_by_size
         packed, scales, bias, cut = self.packed, self.scales, self.bias, self.scales.shape[1] != n
 
         def torch_kernel(x: torch.Tensor) -> torch.Tensor:

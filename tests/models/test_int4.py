@@ -149,6 +149,57 @@ def test_our_kernel_on_q4_1_file_values_is_float32_accurate(kernel, rows, n, k):
     assert (out == ref.bfloat16()).float().mean() >= 0.999  # float32 sums: the bf16 nearest the exact sum, all but never
 
 
+def int8_inputs() -> bool:
+    kernel = load_int4_kernel()
+    return kernel is not None and kernel.int4_linear_int8_native()
+
+
+def rounded_to_int8(x: torch.Tensor) -> torch.Tensor:
+    """bf16 rows as int4_linear_int8 multiplies them: each group of 32 on 127 steps of its largest |x|, the same
+    float32 arithmetic as the kernel's (a scale's inverse, a product, the nearest even)."""
+    groups = x.float().view(x.shape[0], -1, GROUP)
+    largest = groups.abs().amax(-1, keepdim=True)
+    inverse = torch.where(largest > 0, torch.full_like(largest, 127.0) / largest, 0.0)  # (127 / t is 127 * (1 / t))
+    return (torch.round(groups * inverse).double() * (largest / 127).double()).view(x.shape)
+
+
+@pytest.mark.skipif(not int8_inputs(), reason="no AVX-512 VNNI and BF16 here")
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 17])
+@pytest.mark.parametrize("n,k", [(16, 32), (17, 64), (1, 32), (100, 160), (960, 576)])
+def test_int8_inputs_are_exact_for_the_rounded_inputs(rows, n, k):
+    """int4_linear_int8 computes the file's weights times the inputs rounded to int8 a group exactly, up to its
+    float32 sums and the bf16 rounding of its output; against the unrounded inputs it is off by their rounding."""
+    w, q, d, m = q4_1_file_values(n, k, seed=rows + n)
+    nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
+    bias = torch.randn(nibbles.shape[0] * 16)
+    x = torch.randn(rows, k).bfloat16()
+    x[0, :GROUP] = 0  # a group's step is 0
+    out = load_int4_kernel().int4_linear_int8(x, nibbles, dm, bias, n)
+    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
+    exact = rounded_to_int8(x) @ w.double().t() + bias[:n].double()
+    torch.testing.assert_close(out.double(), exact, rtol=2 ** -8, atol=1e-4 * exact.abs().max().item())
+    ref = x.double() @ w.double().t() + bias[:n].double()
+    assert (out.double() - ref).norm() <= 0.02 * ref.norm()
+
+
+@pytest.mark.skipif(not int8_inputs(), reason="no AVX-512 VNNI and BF16 here")
+def test_a_layer_rounds_its_inputs_to_int8_from_int8_rows_up_to_max_rows():
+    kernel = load_int4_kernel()
+    layer = Int4Linear(nn.Linear(64, 40), max_rows=12, kernel=kernel, dtype=torch.bfloat16)
+    assert layer.int8_rows == 4  # inferd.models.cpu.int4_int8_rows on a VNNI CPU without AMX
+    op, args = layer.op(torch.bfloat16), (layer.nibbles, layer.dm, layer.row_bias, 40)
+    for rows, path in [(3, kernel.int4_linear), (4, kernel.int4_linear_int8), (12, kernel.int4_linear_int8),
+                       (13, layer.dense)]:
+        x = torch.randn(rows, 64).bfloat16()
+        assert torch.equal(op(x), path(x) if path is layer.dense else path(x, *args)), rows
+    with pytest.raises(RuntimeError, match="bf16"):
+        kernel.int4_linear_int8(torch.randn(1, 64), *args)
+    haswell = load_int4_kernel("haswell")
+    assert not haswell.int4_linear_int8_native()
+    with pytest.raises(RuntimeError, match="VNNI"):
+        haswell.int4_linear_int8(torch.randn(1, 64).bfloat16(), *args)
+
+
 @pytest.mark.parametrize("kernel", OURS[1:])
 def test_float32_rows_with_zero_tiny_and_huge_groups(kernel):
     _, q, d, m = q4_1_file_values(24, 128)
