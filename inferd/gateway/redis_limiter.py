@@ -7,7 +7,9 @@ checks and reserves against its own in-process limiter (the same limits, counted
 N gateways may let a tenant have up to N times its rates and concurrency for the outage) and tries Redis
 again after LOCAL_RETRY_S. A Redis reservation whose settle failed waits in memory and is settled in Redis
 before anything else once it answers (tried again every LOCAL_RETRY_S, also when no request comes to do it),
-so no concurrency lease stays taken for CONCURRENCY_LEASE_S.
+so no concurrency lease stays taken for CONCURRENCY_LEASE_S. So is the lease of a reserve whose call failed: the
+script may have run before the answer was lost (Redis stopping mid-call), and removing a lease that was never taken
+does nothing.
 """
 import asyncio
 import logging
@@ -128,13 +130,17 @@ class RedisLimiter:
         return not self._outage
 
     async def check(self, charges: list[Charge]) -> None:
-        ok, _ = await self._shared(self._run_reserve, charges, True)
+        ok, _ = await self._shared(self._run_reserve, charges, True, new_reservation_id())
         if not ok:
             await self.local.check(charges)
 
     async def reserve(self, charges: list[Charge]) -> Reservation:
-        ok, reservation = await self._shared(self._run_reserve, charges, False)
+        rid, tried = new_reservation_id(), time.monotonic() >= self._down_until
+        ok, reservation = await self._shared(self._run_reserve, charges, False, rid)
         if not ok:
+            leases = [c for c in charges if c.kind == "concurrency"]
+            if tried and leases:  # the script may have run and its answer been lost: its lease, if taken, is
+                self._wait_for_redis(Reservation(rid, leases), {})  # released when Redis answers (rates untouched)
             reservation = await self.local.reserve(charges)
             self._local_ids.add(reservation.id)
         elif any(c.kind == "concurrency" for c in charges):
@@ -148,11 +154,15 @@ class RedisLimiter:
             return
         ok, _ = await self._shared(self._run_settle, reservation, actual)
         if not ok:
-            if len(self._unsettled) == MAX_UNSETTLED:  # the oldest is left to its lease's expiry
-                self._leasing.discard(self._unsettled.popleft()[0].id)
-            self._unsettled.append((reservation, actual))
-            if self._retrying is None or self._retrying.done():
-                self._retrying = asyncio.get_running_loop().create_task(self._retry_unsettled())
+            self._wait_for_redis(reservation, actual)
+
+    def _wait_for_redis(self, reservation: Reservation, actual: dict[str, float]) -> None:
+        """A settle to run in Redis before anything else once it answers."""
+        if len(self._unsettled) == MAX_UNSETTLED:  # the oldest is left to its lease's expiry
+            self._leasing.discard(self._unsettled.popleft()[0].id)
+        self._unsettled.append((reservation, actual))
+        if self._retrying is None or self._retrying.done():
+            self._retrying = asyncio.get_running_loop().create_task(self._retry_unsettled())
 
     async def _retry_unsettled(self) -> None:
         """Until nothing waits: whenever Redis may be tried again, a call that settles what waited."""
@@ -196,9 +206,8 @@ class RedisLimiter:
             self._outage = False
             log.warning("Redis answers again: rate limits and concurrency are shared between gateways again")
 
-    async def _run_reserve(self, charges: list[Charge], dry: bool) -> Reservation:
+    async def _run_reserve(self, charges: list[Charge], dry: bool, rid: str) -> Reservation:
         """The reserve script; dry: only whether it would fit (raises as reserve would), nothing taken."""
-        rid = new_reservation_id()
         args: list = [rid, CONCURRENCY_LEASE_S, "1" if dry else "0"]
         for c in charges:
             args += [c.kind, repr(float(c.limit)), repr(float(c.amount)), repr(c.period_end_unix_s), repr(c.initial)]

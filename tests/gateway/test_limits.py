@@ -2,9 +2,10 @@ import asyncio
 import time
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from inferd.gateway.limits import Charge, MemoryLimiter, RateLimited, ratelimit_headers
-from inferd.gateway.redis_limiter import RedisLimiter
+from inferd.gateway.redis_limiter import PREFIX, RedisLimiter
 from tests.gateway.services import redis_server
 
 
@@ -117,3 +118,29 @@ async def test_two_limiters_share_redis(redis_url):
         await a.reserve(charges(n, 50))
     await a.close()
     await b.close()
+
+
+async def test_a_lease_whose_reserve_answer_was_lost_is_released_when_redis_answers(redis_url):
+    """The reserve script ran in Redis but its answer never came back (Redis went away mid-call): the gateway
+    counts that request locally, and the lease it may have taken in Redis is removed once Redis answers, not left
+    for CONCURRENCY_LEASE_S."""
+    lim, n = RedisLimiter(redis_url), ns()
+    script = lim._reserve
+
+    async def answer_lost(*args, **kwargs):
+        await script(*args, **kwargs)
+        raise RedisConnectionError("connection closed before the answer")
+    lim._reserve = answer_lost
+    local = await lim.reserve(charges(n, 1, conc=1))
+    lim._reserve = script
+    key = next(c.key for c in local.charges if c.kind == "concurrency")
+    assert await lim.redis.zcard(PREFIX + key) == 1  # taken in Redis, unknown to the gateway
+    await lim.settle(local, {})
+    for _ in range(100):  # Redis is tried again LOCAL_RETRY_S after the failure
+        if await lim.redis.zcard(PREFIX + key) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert await lim.redis.zcard(PREFIX + key) == 0
+    r = await lim.reserve(charges(n, 1, conc=1))  # the one slot is free, in Redis
+    assert r.id in lim._leasing
+    await lim.close()
