@@ -312,6 +312,17 @@ static void panel_tile_fp32(int64_t R, const uint8_t* w, const uint16_t* dm, int
 }
 #endif
 
+// Every panel (split across the threads) against the M rows in tiles of at most T, as even as possible (each
+// panel stays in L1/L2 while its tiles pass): tile(panel, first row, rows)
+template <typename F>
+static void panels_by_tiles(int64_t P, int64_t M, int64_t T, const F& tile) {
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t r = 0, tiles = (M + T - 1) / T, t = 0; t < tiles; r += M / tiles + (t < M % tiles), ++t)
+        tile(p, r, M / tiles + (t < M % tiles));
+  });
+}
+
 static void check_weights(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& dm,
                           const torch::Tensor& bias, int64_t N) {
   TORCH_CHECK(w.dim() == 4 && w.is_contiguous() && w.scalar_type() == torch::kUInt8 && w.size(2) == 8 && w.size(3) == 32,
@@ -349,11 +360,9 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
     for (int i = 0; i < 32; ++i) values[i] = __builtin_bit_cast(uint32_t, float(i & 15)) >> 16;
     const __m512i table = _mm512_load_si512(values);
     bf16* yp = (bf16*)y.data_ptr();
-    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t r = 0, tiles = (M + 7) / 8, t = 0; t < tiles; r += M / tiles + (t < M % tiles), ++t)
-          panel_tile(M / tiles + (t < M % tiles), wp + p * G * 256, dp + p * G * 32, G, xp + r * K, K,
-                     xsum.data() + r * G, bp, yp + r * N, N, p * 16, table);
+    panels_by_tiles(P, M, 8, [&](int64_t p, int64_t r, int64_t rows) {
+      panel_tile(rows, wp + p * G * 256, dp + p * G * 32, G, xp + r * K, K, xsum.data() + r * G, bp, yp + r * N, N,
+                 p * 16, table);
     });
   }
 #endif
@@ -366,11 +375,9 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
       for (int64_t g = 0; g < G; ++g)
         xscale[r * G + g] = quantize_group(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
     float* yp = y.data_ptr<float>();
-    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t r = 0, tiles = (M + 3) / 4, t = 0; t < tiles; r += M / tiles + (t < M % tiles), ++t)
-          panel_tile_fp32(M / tiles + (t < M % tiles), wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
-                          xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16);
+    panels_by_tiles(P, M, 4, [&](int64_t p, int64_t r, int64_t rows) {
+      panel_tile_fp32(rows, wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K, xscale.data() + r * G,
+                      xsum.data() + r * G, bp, yp + r * N, N, p * 16);
     });
   }
 #endif
@@ -398,11 +405,9 @@ torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor d
   const uint16_t* dp = (const uint16_t*)dm.data_ptr();
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
   bf16* yp = (bf16*)y.data_ptr();
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t r = 0, tiles = (M + 7) / 8, t = 0; t < tiles; r += M / tiles + (t < M % tiles), ++t)
-        panel_tile_i8(M / tiles + (t < M % tiles), wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
-                      xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16, order);
+  panels_by_tiles(P, M, 8, [&](int64_t p, int64_t r, int64_t rows) {
+    panel_tile_i8(rows, wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K, xscale.data() + r * G,
+                  xsum.data() + r * G, bp, yp + r * N, N, p * 16, order);
   });
 #endif
   return y;

@@ -305,22 +305,20 @@ class Int8Linear(nn.Module):
         self.bias = torch.empty(0) if linear.bias is None else linear.bias.detach().float().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).float().contiguous()
-        return self.op(torch.float32)(flat).view(*x.shape[:-1], self.out_features).to(x.dtype)
+        flat = x.reshape(-1, self.in_features).contiguous()
+        return self.op(x.dtype)(flat).view(*x.shape[:-1], self.out_features)
 
     def op(self, dtype: torch.dtype):
         """This linear as one function of a 2-D contiguous input of `dtype`, its weights bound once (the decoder's
-        calls). Inputs other than float32 take forward's casts."""
-        if dtype is not torch.float32:
-            return self
+        calls). It computes in float32: other inputs are cast to it, and the output back to `dtype`."""
         weight, scale, bias, n = self.weight, self.scale, self.bias, self.out_features
         if self.kernel is not None:
             int8 = self.kernel.int8_linear
-            return lambda x: int8(x, weight, scale, bias, n, FUSED_MAX_M)
-        int8 = torch.ops.aten._weight_int8pack_mm
-        if bias.numel():
-            return lambda x: int8(x, weight, scale) + bias
-        return lambda x: int8(x, weight, scale)
+            run = lambda x: int8(x, weight, scale, bias, n, FUSED_MAX_M)  # noqa: E731
+        else:
+            mm = torch.ops.aten._weight_int8pack_mm
+            run = (lambda x: mm(x, weight, scale) + bias) if bias.numel() else (lambda x: mm(x, weight, scale))
+        return run if dtype is torch.float32 else lambda x: run(x.float()).to(dtype)
 
 
 def quantize_linears(model: nn.Module, kernel=None) -> int:
