@@ -23,6 +23,9 @@ class EngineConfig:
     one_row_weights: bool = setting(True, "bfloat16 without quantization on a CPU with AVX-512 BF16: a second copy "
                                     "of the linear weights for steps of one row (decode of one sequence), "
                                     "1.15-1.2x oneDNN's reads there (benchmarks/linears.py)")
+    huge_page_weights: bool = setting(True, "copy the weights onto 2 MiB pages (Linux transparent huge pages) at "
+                                      "load: fewer TLB misses where a step reads every weight "
+                                      "(benchmarks/engine_ab.py --change huge_page_weights)")
     quantization: str = setting("none", "int8: weight-only int8 linears, per output channel, float32 "
                                 "activations; int4: 4-bit Q4_1 groups of 32 (a Q4_1 GGUF's own weights), "
                                 "bfloat16 linear inputs where the CPU has native bf16, float32 ones (rounded to 16 "

@@ -17,6 +17,7 @@ from inferd.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from inferd.engine.sequence import Sequence
 from inferd.models.config import LoadedModel
 from inferd.models.cpu import auto_quantization, has_native_bf16, int4_max_rows
+from inferd.models.huge_pages import move_weights
 from inferd.models.int4 import int4_available, quantize_int4_linears, takes
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.llama import LlamaForCausalLM, StepInterrupted
@@ -133,7 +134,9 @@ class LLMEngine:
             pack_linears(net, self.dtype, one_row_ops(kernels, self.dtype) if one_row else None)
         if head8 is not None:
             net.lm_head = SmallRowsInt8(head8, net.lm_head)
-        net.use_kernels(kernels)
+        if self.config.huge_page_weights:
+            move_weights(net)
+        net.use_kernels(kernels)  # binds the weights into the layers' ops
         return net
 
     def _draft_model(self, draft: LoadedModel | None) -> DraftModel:
