@@ -1,6 +1,8 @@
 """Building a C++ kernel module: the one place the three kernel files (cpu_kernels, quant, int4_kernel) build.
 
 Each module is built with torch's cpp_extension for this machine's CPU and cached per CPU and Python environment.
+Besides its functions it exports `addresses()`: each function's address, by name, through which another module
+of the same build (decode_loop.py) calls them from C++ without a trip through Python.
 Every function it exports releases the GIL while it runs, as torch's own ops do: a replica's event loop (HTTP,
 detokenization, streaming) runs Python between the engine's ops, and a kernel that held the GIL would stop it for
 the kernel's whole length.
@@ -26,6 +28,8 @@ def build(prefix: str, source: str, functions: list[str], march: str = "native",
     name = f"{prefix}_{cpu_tag()}" + ("" if march == "native" else f"_{march.replace('-', '_')}")
     _drop_stale_lock(name)
     bindings = "\n".join(f'  m.def("{f}", torch::wrap_pybind_function_no_gil({f}), "{f}");' for f in functions)
+    entries = ", ".join(f'{{"{f}", reinterpret_cast<int64_t>(&{f})}}' for f in functions)
+    bindings += f'\n  m.def("addresses", []() {{ return std::map<std::string, int64_t>{{{entries}}}; }});'
     return load_inline(name=name, cpp_sources=[source, f"PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{bindings}\n}}"],
                        extra_cflags=["-O3", f"-march={march}", "-fopenmp", *cflags], extra_ldflags=["-fopenmp"],
                        verbose=False)

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from inferd.models.cpu import int4_int8_rows
+from inferd.models.decode_loop import INT4_CALL
 from inferd.models.int4_kernel import pack_panels
 from inferd.models.packed import PackedLinear, can_pack
 
@@ -123,6 +124,24 @@ class Int4Linear(nn.Module):
         flat = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
         return self.op(self.dtype)(flat).view(*x.shape[:-1], self.out_features).to(x.dtype)
 
+    def kernel_at(self, rows: int):
+        """Our kernel function for `rows` rows of the layer's dtype, or None where the dense copy (or, without our
+        kernel, torch's int4 kernel) serves: bf16 or float32 rows up to int8_rows, inputs rounded to int8 from
+        there, dense above max_rows."""
+        if self.kernel is None or rows > self.max_rows:
+            return None
+        int8 = self.int8_rows is not None and rows >= self.int8_rows
+        return self.kernel.int4_linear_int8 if int8 else self.kernel.int4_linear
+
+    def kernel_call(self, rows: int, dtype: torch.dtype):
+        """What the C++ decode loop (decode_loop.py) calls for `rows` rows of `dtype`: (kind, the function's
+        address, its weights, N), or None where it is not one of our kernels."""
+        kernel = self.kernel_at(rows) if dtype is self.dtype else None
+        if kernel is None:
+            return None
+        return INT4_CALL, self.kernel.addresses()[kernel.__name__], [self.nibbles, self.dm, self.row_bias], \
+            self.out_features
+
     def op(self, dtype: torch.dtype):
         """This linear as one function of a 2-D contiguous input of `dtype`, its weights bound once (the decoder's
         calls): the 4-bit kernel up to max_rows rows (read at each call), the dense copy above. Inputs of another
@@ -132,16 +151,11 @@ class Int4Linear(nn.Module):
         dense = self.dense.op(dtype) if isinstance(self.dense, PackedLinear) else self.dense
         n = self.out_features
         if self.kernel is not None:
-            int4, nibbles, dm, bias = self.kernel.int4_linear, self.nibbles, self.dm, self.row_bias
-            if self.int8_rows is None:
-                return lambda x: int4(x, nibbles, dm, bias, n) if x.shape[0] <= self.max_rows else dense(x)
-            int8 = self.kernel.int4_linear_int8
+            nibbles, dm, bias, kernel_at = self.nibbles, self.dm, self.row_bias, self.kernel_at
 
             def rows_by_size(x: torch.Tensor) -> torch.Tensor:
-                m = x.shape[0]
-                if m > self.max_rows:
-                    return dense(x)
-                return (int8 if m >= self.int8_rows else int4)(x, nibbles, dm, bias, n)
+                kernel = kernel_at(x.shape[0])
+                return dense(x) if kernel is None else kernel(x, nibbles, dm, bias, n)
             return rows_by_size
         packed, scales, bias, cut = self.packed, self.scales, self.bias, self.scales.shape[1] != n
 

@@ -16,6 +16,7 @@ from torch.profiler import record_function
 
 from inferd.models.config import ModelConfig
 from inferd.models.cpu_kernels import TorchKernels
+from inferd.models.decode_loop import LayerPlan, layer_plan
 from inferd.models.packed import linear_op
 
 
@@ -43,6 +44,9 @@ class AttentionMetadata:
     decode_blocks: torch.Tensor | None  # [D, nb] block table of each decode, padded
     decode_lens: torch.Tensor | None  # [D] context length of each decode, this token included
     prefills: list[PrefillChunk]
+
+
+NO_RESIDUAL = torch.empty(0)  # the C++ loop's residual before the first layer
 
 
 # ---- rotary embedding
@@ -141,13 +145,15 @@ class LayerOps:
     kv_heads: int
     q_size: int
     scale: float
+    linears: tuple[nn.Module, ...]  # qkv, o, gate_up, down: what a C++ plan of the layer asks (decode_loop.py)
 
     @classmethod
     def of(cls, layer: DecoderLayer, dtype: torch.dtype) -> "LayerOps":
         a, m = layer.self_attn, layer.mlp
         return cls(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.input_layernorm.eps,
                    linear_op(a.qkv_proj, dtype), linear_op(a.o_proj, dtype), linear_op(m.gate_up_proj, dtype),
-                   linear_op(m.down_proj, dtype), a.num_heads, a.num_kv_heads, a.q_size, a.scale)
+                   linear_op(m.down_proj, dtype), a.num_heads, a.num_kv_heads, a.q_size, a.scale,
+                   (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj))
 
 
 def decoder_layer(ops: LayerOps, kernels, h, residual, rope, meta: AttentionMetadata, k_cache, v_cache,
@@ -206,6 +212,7 @@ class LlamaForCausalLM(nn.Module):
         self.kernels = TorchKernels  # the ops of inferd.models.cpu_kernels the layers run on (use_kernels)
         self._plan: tuple[list[LayerOps], Callable[[torch.Tensor], torch.Tensor]] | None = None  # layers, lm_head
         self._caches: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._loops: dict[int, LayerPlan | None] = {}  # decode rows -> the layers as one C++ call, or None
 
     def use_kernels(self, kernels) -> None:
         """Runs norms, RoPE, cache writes, attention and silu on `kernels` (inferd.models.cpu_kernels)."""
@@ -224,7 +231,15 @@ class LlamaForCausalLM(nn.Module):
 
     def replan(self) -> None:
         """Forgets the layers' and lm_head's ops: call it after replacing a module once the model has run."""
-        self._plan = None
+        self._plan, self._loops = None, {}
+
+    def _loop(self, meta: AttentionMetadata, rows: int) -> LayerPlan | None:
+        """The C++ plan of the layers for a step of `rows` decode tokens and nothing else, where there is one."""
+        if meta.prefills or meta.num_decode_tokens != rows:
+            return None
+        if rows not in self._loops:
+            self._loops[rows] = layer_plan(self._planned()[0], self.kernels, rows, self.embed_tokens.weight.dtype)
+        return self._loops[rows]
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_cache: torch.Tensor,
@@ -236,10 +251,21 @@ class LlamaForCausalLM(nn.Module):
         h, residual = self.embed_tokens(input_ids), None
         rope, kernels, profiling = (self.rope.cos, self.rope.sin, positions), self.kernels, torch.autograd._profiler_enabled()
         layers, head = self._planned()
-        for ops, (k_cache, v_cache) in zip(layers, self._layer_caches(kv_cache)):
-            if between is not None:
-                between()
-            h, residual = decoder_layer(ops, kernels, h, residual, rope, meta, k_cache, v_cache, profiling)
+        loop = None if profiling else self._loop(meta, input_ids.shape[0])  # a profile names each op: Python's
+        if loop is not None:
+            step = (*rope, meta.slot_mapping, kv_cache, meta.decode_blocks, meta.decode_lens, meta.block_size)
+            if between is None:
+                h, residual = loop.run(0, len(layers), h, NO_RESIDUAL, *step)
+            else:
+                residual = NO_RESIDUAL
+                for i in range(len(layers)):
+                    between()
+                    h, residual = loop.run(i, i + 1, h, residual, *step)
+        else:
+            for ops, (k_cache, v_cache) in zip(layers, self._layer_caches(kv_cache)):
+                if between is not None:
+                    between()
+                h, residual = decoder_layer(ops, kernels, h, residual, rope, meta, k_cache, v_cache, profiling)
         h = kernels.add_rms_norm(h[logits_indices], residual[logits_indices], self.norm.weight, self.norm.eps)
         return head(h).float()
 

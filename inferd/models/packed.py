@@ -9,7 +9,11 @@ import logging
 import torch
 from torch import nn
 
+from inferd.models.decode_loop import ONE_ROW_CALL
+
 log = logging.getLogger(__name__)
+
+EMPTY = torch.empty(0)
 
 PACK_FOR_BATCH = 32  # the packing oneDNN picks for this M serves all M measured (1..1024)
 
@@ -33,6 +37,14 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x.dtype)(x.reshape(-1, self.in_features).contiguous())
         return y.view(*x.shape[:-1], self.out_features)
+
+    def kernel_call(self, rows: int, dtype: torch.dtype):
+        """What the C++ decode loop (decode_loop.py) calls for `rows` rows of `dtype`: the one-row loop at one bf16
+        row (kind, its address, its weights, N), else None (oneDNN serves)."""
+        if self.one_row is None or rows != 1 or dtype is not torch.bfloat16:
+            return None
+        return ONE_ROW_CALL, self.one_row.addresses()["one_row_linear"], [self.pairs, EMPTY, self.row_bias], \
+            self.out_features
 
     def op(self, dtype: torch.dtype):
         """This linear as one function of a 2-D contiguous input, its weights bound once (the decoder's calls)."""
