@@ -1,4 +1,4 @@
-"""Building a C++ kernel module: the one place the three kernel files (cpu_kernels, quant, int4_kernel) build.
+"""Building a C++ module: the one place the four C++ files (cpu_kernels, quant, int4_kernel, decode_loop) build.
 
 Each module is built with torch's cpp_extension for this machine's CPU and cached per CPU and Python environment.
 Besides its functions it exports `addresses()`: each function's address, by name, through which another module

@@ -163,8 +163,8 @@ class LayerPlan:
 
 def layer_plan(layers, kernels, rows: int, dtype: torch.dtype) -> LayerPlan | None:
     """The plan of `layers` (LlamaForCausalLM.layer_ops, each with its linear modules in .linears) at `rows` rows of
-    `dtype`, or
-    None where a linear has no C++ kernel at that many rows, the small ops are not C++ or the loop is not built."""
+    `dtype`, or None where a linear has no C++ kernel at that many rows, the small ops are not the C++ ones or the
+    loop does not build here."""
     module = load_decode_loop()
     if module is None or not hasattr(kernels, "addresses") or not layers:
         return None

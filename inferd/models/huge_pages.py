@@ -1,10 +1,12 @@
 """A model's weights moved onto 2 MiB pages (Linux transparent huge pages, asked for with madvise).
 
 Decoding a few sequences reads every weight once a step. On 4 KiB pages that read walks a page table entry per
-4 KiB and the TLB misses slow it: a sum over 512 MiB read 43-51 GB/s on 4 KiB pages and 68-71 GB/s on 2 MiB
-pages on a 2-core Zen 4, and a bf16 SmolLM2 decode step of one sequence took 1.3x less time with its weights
-moved (benchmarks/engine_ab.py --change huge_page_weights). Linux gives huge pages to a region only where `transparent_hugepage`
-is `always` or `madvise` (the usual default); elsewhere the move costs a copy and changes nothing.
+4 KiB and the TLB misses slow it: on a 2-core Zen 4 VM a sum over 512 MiB read 56-59 GB/s on 4 KiB pages and
+63-68 GB/s on 2 MiB pages (both ~35 GB/s when the VM's memory is in its slow mode), and with its weights moved the
+engine decoded one sequence 1.14x faster in bf16 and 1.12x in int4, batched steps unchanged
+(benchmarks/engine_ab.py --change huge_page_weights). Linux gives huge pages to a region only where
+`transparent_hugepage` is `always` or `madvise` (the usual default); elsewhere the move costs a copy and changes
+nothing.
 
 The tensors moved are a model's dense CPU tensors of at least MIN_BYTES that own their whole storage: its
 parameters and buffers, and the tensors its layers keep as plain attributes (packed, 4-bit and int8 weights,
