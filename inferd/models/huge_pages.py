@@ -51,7 +51,9 @@ def move_weights(model: nn.Module, min_bytes: int | None = None) -> int:
                 module._buffers[name] = copy
             else:
                 setattr(module, name, copy)
-    log.info("weights on 2 MiB pages: %d tensors, %.1f MB", len(owners), total / 1e6)
+    granted = int(mapping(arena.data_ptr()).get("AnonHugePages", "0 kB").split()[0]) * 1024
+    log.info("weights moved for 2 MiB pages: %d tensors, %.1f MB, %.1f MB of it on huge pages (the kernel gives "
+             "them where it has whole free 2 MiB pages)", len(owners), total / 1e6, granted / 1e6)
     return total
 
 
@@ -63,6 +65,26 @@ def huge_page_bytes(nbytes: int) -> torch.Tensor | None:
     if not _madvise_huge(raw.data_ptr() + start, -(-nbytes // PAGE) * PAGE):
         return None
     return raw[start:start + nbytes]
+
+
+def mapping(address: int) -> dict[str, str]:
+    """The fields of this process's /proc/self/smaps entry for the mapping that holds address ({} where there is
+    none, or no smaps): "AnonHugePages" (its bytes on huge pages), "VmFlags" ("hg": madvised for them), ..."""
+    fields, inside = {}, False
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        head, _, rest = line.partition(" ")
+        if not head.endswith(":"):  # a mapping's first line: "lo-hi perms ..."
+            if inside:
+                break
+            lo, _, hi = head.partition("-")
+            inside = int(lo, 16) <= address < int(hi, 16)
+        elif inside:
+            fields[head[:-1]] = rest.strip()
+    return fields
 
 
 def _movable(model: nn.Module, min_bytes: int) -> dict[int, tuple[torch.Tensor, list[tuple[nn.Module, str, torch.Size]]]]:

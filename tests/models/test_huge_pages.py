@@ -1,32 +1,14 @@
 import sys
 
-import pytest
 import torch
 from torch import nn
 
 from inferd.models import huge_pages
-from inferd.models.huge_pages import PAGE, huge_page_bytes, move_weights
-
-
-def thp_mode() -> str:
-    try:
-        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
-    except OSError:
-        return "absent"
-    return text.split("[")[1].split("]")[0]
+from inferd.models.huge_pages import PAGE, mapping, move_weights
 
 
 def vm_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping of this process that holds address (/proc/self/smaps)."""
-    inside = False
-    for line in open("/proc/self/smaps"):
-        head = line.split()[0]
-        if "-" in head and all(c in "0123456789abcdef-" for c in head):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "VmFlags:":
-            return line.split()[1:]
-    raise AssertionError("no mapping holds the address")
+    return mapping(address)["VmFlags"].split()
 
 
 class Net(nn.Module):
@@ -72,22 +54,6 @@ def test_small_tensors_stay_where_they_are():
     ptr = net.up.weight.data_ptr()
     assert move_weights(net) == 300 * 64 * 4  # only the 76.8 KB embedding is over 64 KiB
     assert net.up.weight.data_ptr() == ptr
-
-
-@pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="transparent huge pages are off here")
-def test_the_kernel_gives_2mib_pages_to_the_arena():
-    raw = huge_page_bytes(8 * PAGE)
-    raw.fill_(1)  # first written: each 2 MiB page given whole where one is free
-    fields = {}
-    inside = False
-    for line in open("/proc/self/smaps"):
-        head = line.split()[0]
-        if "-" in head and all(c in "0123456789abcdef-" for c in head):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= raw.data_ptr() < hi
-        elif inside and head.endswith(":"):
-            fields[head] = line.split()[1]
-    assert int(fields["AnonHugePages:"]) > 0
 
 
 def test_an_engine_on_huge_page_weights_gives_the_same_greedy_tokens(monkeypatch):
