@@ -51,7 +51,7 @@ def move_weights(model: nn.Module, min_bytes: int | None = None) -> int:
                 module._buffers[name] = copy
             else:
                 setattr(module, name, copy)
-    granted = int(mapping(arena.data_ptr()).get("AnonHugePages", "0 kB").split()[0]) * 1024
+    granted = min(total, int(mapping(arena.data_ptr()).get("AnonHugePages", "0 kB").split()[0]) * 1024)
     log.info("weights moved for 2 MiB pages: %d tensors, %.1f MB, %.1f MB of it on huge pages (the kernel gives "
              "them where it has whole free 2 MiB pages)", len(owners), total / 1e6, granted / 1e6)
     return total
