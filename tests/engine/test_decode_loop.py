@@ -22,7 +22,7 @@ def formats():
         out.append(("float32", "int4"))
     if int4 is not None and int4.int4_linear_bf16_native():
         out.append(("bfloat16", "int4"))
-    if cpp.one_row_linear_native():
+    if cpp is not None and cpp.one_row_linear_native():
         out.append(("bfloat16", "none"))  # one row only: the one-row loop's weights
     return out
 
