@@ -64,7 +64,8 @@ def test_an_engine_on_huge_page_weights_gives_the_same_greedy_tokens(monkeypatch
         plain = make_engine(quantization=quantization, huge_page_weights=False)
         huge = make_engine(quantization=quantization)
         net = huge.runner.model
-        tensor = net.layers[0].self_attn.qkv_proj.nibbles if quantization == "int4" else net.embed_tokens.weight
+        qkv = net.layers[0].self_attn.qkv_proj
+        tensor = net.embed_tokens.weight if quantization == "none" else qkv.nibbles if qkv.kernel else qkv.packed
         if sys.platform.startswith("linux"):
             assert "hg" in vm_flags(tensor.data_ptr())
         assert run(plain, reqs)[0] == run(huge, reqs)[0]
