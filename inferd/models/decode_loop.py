@@ -1,13 +1,13 @@
 """The decoder layers of a decode step as one C++ call: the same kernels, in the same order, without Python
 between them.
 
-At one sequence an int4 SmolLM2 step is ~4 ms, of which ~0.5 ms was Python between the ~270 kernel calls of
-its 30 layers and a few µs more per call in the bindings (benchmarks/README.md, "A decode step's layers in
-C++"). Here a `LayerPlan` is made once per number of rows (decode tokens) from the layers' ops: for each layer
-its norms' weights and, for each linear, the C++ function its op would call at that many rows (int4 bf16 rows,
-int4 with int8 inputs, the one-row bf16 loop) with its weights; `run(first, last, ...)` then runs those layers
-calling the kernels through their addresses (cpp_build.build's `addresses()`): the results are bit for bit
-those of the Python loop (tests/engine/test_decode_loop.py).
+At one sequence an int4 SmolLM2 forward is ~4.3 ms, of which ~0.5 ms was Python between the ~270 kernel calls of
+its 30 layers (benchmarks/decode_step.py; benchmarks/README.md, "A decode step's layers in C++"). Here a
+`LayerPlan` is made once per number of rows (decode tokens) from the layers' ops: for each layer its norms'
+weights and, for each linear, the C++ function its op would call at that many rows (int4 bf16 rows, int4 with
+int8 inputs, the one-row bf16 loop) with its weights; `run(first, last, ...)` then runs those layers calling the
+kernels through their addresses (cpp_build.build's `addresses()`): the results are bit for bit those of the
+Python loop (tests/engine/test_decode_loop.py).
 
 A plan exists only where every linear of every layer has such a kernel at that many rows, and the model's small
 ops are the C++ ones (cpu_kernels); elsewhere (oneDNN's dense products, int8 linears, torch ops) the Python loop
@@ -31,6 +31,9 @@ SOURCE = r"""
 #include <unordered_map>
 
 using T = torch::Tensor;
+// The kernels' signatures as cpu_kernels.py, int4_kernel.py and cpu_kernels' one_row_linear define them: a change
+// there without the same change here calls a function through the wrong type (tests/engine/test_decode_loop.py runs
+// every kind against the Python loop).
 using NormFn = T (*)(T, T, double);
 using AddNormFn = T (*)(T, T, T, double);
 using SiluFn = T (*)(T);

@@ -87,9 +87,12 @@ def mapping(address: int) -> dict[str, str]:
     return fields
 
 
-def _movable(model: nn.Module, min_bytes: int) -> dict[int, tuple[torch.Tensor, list[tuple[nn.Module, str, torch.Size]]]]:
+Places = list[tuple[nn.Module, str, torch.Size]]  # (module, attribute, shape) holding the same bytes
+
+
+def _movable(model: nn.Module, min_bytes: int) -> dict[int, tuple[torch.Tensor, Places]]:
     """data_ptr -> (tensor, the (module, attribute, shape) places that hold it or a view of the same bytes)."""
-    owners: dict[int, tuple[torch.Tensor, list]] = {}
+    owners: dict[int, tuple[torch.Tensor, Places]] = {}
     for module in model.modules():
         named = {**vars(module), **module._parameters, **module._buffers}
         for name, t in named.items():
