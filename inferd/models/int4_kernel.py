@@ -54,6 +54,7 @@ SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 bool int4_linear_bf16_native() {  // bf16 rows: AVX-512 BF16
@@ -78,6 +79,14 @@ bool int4_linear_fp32_native() {  // float32 rows: AVX2 and FMA
 #else
   return false;
 #endif
+}
+
+// f(std::integral_constant<int, R>{}) with R = rows, or MAX above it: a loop compiled for each row count up to MAX
+template <int MAX, typename F>
+static void by_rows(int64_t rows, const F& f) {
+  if constexpr (MAX > 1)
+    if (rows < MAX) return by_rows<MAX - 1>(rows, f);
+  f(std::integral_constant<int, MAX>{});
 }
 
 #if defined(__AVX512BF16__)
@@ -130,19 +139,6 @@ static void panel_rows(const uint8_t* w, const uint16_t* dm, int64_t G, const bf
   for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(y + r * N + n0, mask, (__m256i)_mm512_cvtneps_pbh(out[r]));
 }
 
-static void panel_tile(int64_t R, const uint8_t* w, const uint16_t* dm, int64_t G, const bf16* x, int64_t K,
-                       const float* xsum, const float* bias, bf16* y, int64_t N, int64_t n0, __m512i table) {
-  switch (R) {
-    case 1: return panel_rows<1, 4>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
-    case 2: return panel_rows<2, 4>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
-    case 3: return panel_rows<3, 4>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
-    case 4: return panel_rows<4, 4>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
-    case 5: return panel_rows<5, 2>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
-    case 6: return panel_rows<6, 2>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
-    case 7: return panel_rows<7, 2>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
-    default: return panel_rows<8, 2>(w, dm, G, x, K, xsum, bias, y, N, n0, table);
-  }
-}
 
 #if defined(__AVX512VNNI__)
 // bf16 rows rounded to int8 a group (int4_linear_int8): 32 inputs -> int8 on their own scale (largest |x| / 127),
@@ -204,20 +200,6 @@ static void panel_rows_i8(const uint8_t* w, const uint16_t* dm, int64_t G, const
   for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(y + r * N + n0, mask, (__m256i)_mm512_cvtneps_pbh(out[r]));
 }
 
-static void panel_tile_i8(int64_t R, const uint8_t* w, const uint16_t* dm, int64_t G, const int8_t* xq, int64_t K,
-                          const float* xs, const float* xsum, const float* bias, bf16* y, int64_t N, int64_t n0,
-                          __m512i order) {
-  switch (R) {
-    case 1: return panel_rows_i8<1, 4>(w, dm, G, xq, K, xs, xsum, bias, y, N, n0, order);
-    case 2: return panel_rows_i8<2, 4>(w, dm, G, xq, K, xs, xsum, bias, y, N, n0, order);
-    case 3: return panel_rows_i8<3, 4>(w, dm, G, xq, K, xs, xsum, bias, y, N, n0, order);
-    case 4: return panel_rows_i8<4, 4>(w, dm, G, xq, K, xs, xsum, bias, y, N, n0, order);
-    case 5: return panel_rows_i8<5, 2>(w, dm, G, xq, K, xs, xsum, bias, y, N, n0, order);
-    case 6: return panel_rows_i8<6, 2>(w, dm, G, xq, K, xs, xsum, bias, y, N, n0, order);
-    case 7: return panel_rows_i8<7, 2>(w, dm, G, xq, K, xs, xsum, bias, y, N, n0, order);
-    default: return panel_rows_i8<8, 2>(w, dm, G, xq, K, xs, xsum, bias, y, N, n0, order);
-  }
-}
 #endif
 #endif
 
@@ -301,15 +283,6 @@ static inline float quantize_group(const float* x, int16_t* q, float* sum) {
   return step;
 }
 
-static void panel_tile_fp32(int64_t R, const uint8_t* w, const uint16_t* dm, int64_t G, const int16_t* xq, int64_t K,
-                            const float* xscale, const float* xsum, const float* bias, float* y, int64_t N, int64_t n0) {
-  switch (R) {
-    case 1: return panel_rows_fp32<1>(w, dm, G, xq, K, xscale, xsum, bias, y, N, n0);
-    case 2: return panel_rows_fp32<2>(w, dm, G, xq, K, xscale, xsum, bias, y, N, n0);
-    case 3: return panel_rows_fp32<3>(w, dm, G, xq, K, xscale, xsum, bias, y, N, n0);
-    default: return panel_rows_fp32<4>(w, dm, G, xq, K, xscale, xsum, bias, y, N, n0);
-  }
-}
 #endif
 
 // Every panel (split across the threads) against the M rows in tiles of at most T, as even as possible (each
@@ -361,8 +334,11 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
     const __m512i table = _mm512_load_si512(values);
     bf16* yp = (bf16*)y.data_ptr();
     panels_by_tiles(P, M, 8, [&](int64_t p, int64_t r, int64_t rows) {
-      panel_tile(rows, wp + p * G * 256, dp + p * G * 32, G, xp + r * K, K, xsum.data() + r * G, bp, yp + r * N, N,
-                 p * 16, table);
+      by_rows<8>(rows, [&](auto R) {  // 4 accumulators a row hide the products' latency; 2 leave registers for 8
+        constexpr int Rows = decltype(R)::value;
+        panel_rows<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xp + r * K, K, xsum.data() + r * G,
+                                            bp, yp + r * N, N, p * 16, table);
+      });
     });
   }
 #endif
@@ -376,8 +352,10 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
         xscale[r * G + g] = quantize_group(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
     float* yp = y.data_ptr<float>();
     panels_by_tiles(P, M, 4, [&](int64_t p, int64_t r, int64_t rows) {
-      panel_tile_fp32(rows, wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K, xscale.data() + r * G,
-                      xsum.data() + r * G, bp, yp + r * N, N, p * 16);
+      by_rows<4>(rows, [&](auto R) {
+        panel_rows_fp32<decltype(R)::value>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
+                                            xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16);
+      });
     });
   }
 #endif
@@ -406,8 +384,12 @@ torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor d
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
   bf16* yp = (bf16*)y.data_ptr();
   panels_by_tiles(P, M, 8, [&](int64_t p, int64_t r, int64_t rows) {
-    panel_tile_i8(rows, wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K, xscale.data() + r * G,
-                  xsum.data() + r * G, bp, yp + r * N, N, p * 16, order);
+    by_rows<8>(rows, [&](auto R) {
+      constexpr int Rows = decltype(R)::value;
+      panel_rows_i8<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
+                                             xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16,
+                                             order);
+    });
   });
 #endif
   return y;
