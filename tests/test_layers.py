@@ -99,3 +99,12 @@ def test_no_cycles_between_folders():
     for folder in list(edges):
         if folder not in state:
             visit(folder, [])
+
+
+def test_no_asyncio_wait_for():
+    """docs/architecture.md: asyncio.wait_for of Python 3.11 may drop a cancel; asyncio.timeout does not."""
+    found = [f"{path.relative_to(ROOT.parent)}:{node.lineno}" for path in ROOT.rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Attribute) and node.attr == "wait_for"
+             and isinstance(node.value, ast.Name) and node.value.id == "asyncio"]
+    assert not found, f"asyncio.wait_for at {found}"

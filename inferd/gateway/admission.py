@@ -82,13 +82,14 @@ class AdmissionQueue:
         self._dispatch()
         try:
             timeout = None if ticket.deadline_s is None else max(ticket.deadline_s - time.monotonic(), 0.0)
-            await asyncio.wait_for(asyncio.shield(ticket.admitted), timeout)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(ticket.admitted)
+        except (TimeoutError, asyncio.CancelledError) as exc:
             if ticket.admitted.done():
                 self.release(0.0, ticket.priority_class)
             else:
                 self._remove(ticket)
-            if isinstance(exc, asyncio.TimeoutError):
+            if isinstance(exc, TimeoutError):
                 waited_s = time.monotonic() - ticket.enqueued_s
                 raise DeadlineExceeded(f"The request's deadline passed after {waited_s:.3f} s in the queue; "
                                        "it was not started.") from None
@@ -118,8 +119,9 @@ class AdmissionQueue:
     async def wait_starved(self, timeout_s: float) -> None:
         """Until a request is queued while the capacity is 0 (the control plane starts a replica), or timeout_s."""
         try:
-            await asyncio.wait_for(self._starved.wait(), timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):
+                await self._starved.wait()
+        except TimeoutError:
             pass
         self._starved.clear()
 

@@ -77,8 +77,9 @@ class AsyncRunner:
             except Exception:
                 log.exception("async runner: a step failed")
             try:
-                await asyncio.wait_for(self._wake.wait(), POLL_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(POLL_S):  # not wait_for, which in 3.11 may swallow close()'s cancel
+                    await self._wake.wait()
+            except TimeoutError:
                 pass
             self._wake.clear()
 

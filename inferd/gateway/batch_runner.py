@@ -94,8 +94,9 @@ class BatchRunner:
             except Exception:
                 log.exception("batch runner: reading active batches failed")
             try:
-                await asyncio.wait_for(self._wake.wait(), POLL_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(POLL_S):  # not wait_for, which in 3.11 may swallow close()'s cancel
+                    await self._wake.wait()
+            except TimeoutError:
                 pass
             self._wake.clear()
 

@@ -193,7 +193,8 @@ class PolicySessions:
         idle_s = s.model.idle_timeout_s
         while True:
             try:
-                message = await asyncio.wait_for(ws.receive(), idle_s)
+                async with asyncio.timeout(idle_s):
+                    message = await ws.receive()
             except TimeoutError:
                 return PolicyError("idle_timeout", f"No observation for {idle_s:g} s.", close=CLOSE_CODES["idle_timeout"])
             if message["type"] == "websocket.disconnect":

@@ -82,7 +82,8 @@ class _Connection(asyncio.Protocol):
         self._head = asyncio.get_running_loop().create_future()
         self._headers, self._complete, self._keep_alive, self._error = [], False, False, None
         self.transport.write(data)
-        status = await asyncio.wait_for(self._head, timeout_s)
+        async with asyncio.timeout(timeout_s):
+            status = await self._head
         return status, self._headers
 
     async def chunks(self, timeout_s: float | None):
@@ -98,7 +99,8 @@ class _Connection(asyncio.Protocol):
             if self._complete:
                 return
             self._readable.clear()
-            await asyncio.wait_for(self._readable.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._readable.wait()
 
     def reusable(self) -> bool:
         return self._complete and self._keep_alive and not self.closed
@@ -169,8 +171,9 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                 return conn
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(_Connection, *key), timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):
+                _, conn = await loop.create_connection(_Connection, *key)
+        except TimeoutError:
             raise httpx.ConnectTimeout(f"no connection to {key[0]}:{key[1]} within {timeout_s} s") from None
         except OSError as exc:
             raise httpx.ConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None

@@ -203,7 +203,8 @@ class Batcher(Generic[T, R]):
                 return
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), left_s)
+                async with asyncio.timeout(left_s):
+                    await self._changed.wait()
             except TimeoutError:
                 return
 

@@ -300,8 +300,9 @@ async def _next_output(queue: asyncio.Queue, deadline_s: float | None) -> tuple:
     if deadline_s is None:
         return await queue.get()
     try:
-        return await asyncio.wait_for(queue.get(), max(deadline_s - time.monotonic(), 0.0))
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(max(deadline_s - time.monotonic(), 0.0)):
+            return await queue.get()
+    except TimeoutError:
         raise DeadlineExceeded("The request's deadline passed before it started; it was dropped.") from None
 
 

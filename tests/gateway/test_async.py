@@ -289,3 +289,19 @@ def test_webhooks_are_refused_without_a_master_secret(tmp_path):
         r = client.post("/v1/chat/completions", json=CHAT,
                         headers=auth(key) | ASYNC | {"x-inferd-webhook-url": "https://example.com/hook"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "webhooks_disabled"
+
+
+def test_a_runner_woken_as_the_gateway_closes_still_stops(tmp_path):
+    """A job ending (which wakes the runners) as the gateway closes: asyncio.wait_for of Python 3.11 returns
+    the wait's result instead of raising when a cancel meets a wait that just ended, and the runner's loop went
+    on polling: close() waited forever (seen once in CI, in the test above)."""
+    gw, _ = make_gateway(tmp_path, Replicas(a=ok), [deployment("m", "a")])
+
+    async def main():
+        await gw.start()
+        await asyncio.sleep(0.3)  # both runners' loops wait for a wake now
+        for runner in (gw.async_runner, gw.batch_runner):
+            runner.wake()  # in the same step as close()'s cancel
+        await asyncio.wait_for(gw.close(), 10)
+
+    asyncio.run(main())
