@@ -355,8 +355,8 @@ static void pv_tile(const float* p, int64_t stride, const T* cache, const int64_
     for (int c = 0; c < C; ++c) vstore(out + g * hd + c * W, vmul(acc[g][c], vset(inv[g])));
 }
 
-// softmax's numerators in place, returning 1 / their sum
-static float exp_row(float* s, int64_t len) {
+// softmax's numerators in place, returning their sum; the row's max in *max
+static float exp_row(float* s, int64_t len, float* max) {
   vec m = vset(-std::numeric_limits<float>::max());
   int64_t t = 0;
   for (; t + W <= len; t += W) m = vmax(m, vload(s + t));
@@ -366,13 +366,16 @@ static float exp_row(float* s, int64_t len) {
   for (t = 0; t + W <= len; t += W) { const vec e = vexp(vadd(vload(s + t), vset(-mx))); vstore(s + t, e); sum = vadd(sum, e); }
   float total = vsum(sum);
   for (; t < len; ++t) { s[t] = std::exp(s[t] - mx); total += s[t]; }
-  return 1.f / total;
+  *max = mx;
+  return total;
 }
 
-// one (sequence, KV head): its G query heads in tiles of up to 4; false where head_dim is not C vectors
+// one (sequence, KV head): its G query heads in tiles of up to 4, for head_dim C vectors; each head's scores' max
+// and the sum of their exponentials into stats[2 g], stats[2 g + 1] (merge_parts)
 template <int C, typename T>
 static void attend_vec(const float* qf, int64_t G, int64_t hd, const T* kc, const T* vc, const int64_t* blocks,
-                       int64_t block_size, int64_t row, int64_t len, float* scores, int64_t stride, float* out) {
+                       int64_t block_size, int64_t row, int64_t len, float* scores, int64_t stride, float* out,
+                       float* stats) {
   for (int64_t g0 = 0; g0 < G; g0 += 4) {
     const int64_t gt = std::min<int64_t>(4, G - g0);
     const float* q = qf + g0 * hd; float* s = scores + g0 * stride;
@@ -383,7 +386,11 @@ static void attend_vec(const float* qf, int64_t G, int64_t hd, const T* kc, cons
       default: qk_tile<C, 4>(q, hd, kc, vc, blocks, block_size, row, len, s, stride);
     }
     float inv[4];
-    for (int64_t g = 0; g < gt; ++g) inv[g] = exp_row(s + g * stride, len);
+    for (int64_t g = 0; g < gt; ++g) {
+      float* st = stats + 2 * (g0 + g);
+      st[1] = exp_row(s + g * stride, len, &st[0]);
+      inv[g] = 1.f / st[1];
+    }
     float* o = out + g0 * hd;
     switch (gt) {
       case 1: pv_tile<C, 1>(s, stride, vc, blocks, block_size, row, len, inv, o, hd); break;
@@ -398,7 +405,8 @@ static void attend_vec(const float* qf, int64_t G, int64_t hd, const T* kc, cons
 // the same on scalars, for any head_dim
 template <typename T>
 static void attend_scalar(const float* qf, int64_t G, int64_t hd, const T* kc, const T* vc, const int64_t* blocks,
-                          int64_t block_size, int64_t row, int64_t len, float* scores, int64_t stride, float* out) {
+                          int64_t block_size, int64_t row, int64_t len, float* scores, int64_t stride, float* out,
+                          float* stats) {
   for (int64_t t = 0; t < len; ++t) {
     const T* k = kc + blocks[t / block_size] * block_size * row + (t % block_size) * row;
     for (int64_t g = 0; g < G; ++g) {
@@ -413,6 +421,8 @@ static void attend_scalar(const float* qf, int64_t G, int64_t hd, const T* kc, c
     const float mx = *std::max_element(s, s + len);
     float sum = 0.f;
     for (int64_t t = 0; t < len; ++t) { s[t] = std::exp(s[t] - mx); sum += s[t]; }
+    stats[2 * g] = mx;
+    stats[2 * g + 1] = sum;
     for (int64_t t = 0; t < len; ++t) {
       const T* v = vc + blocks[t / block_size] * block_size * row + (t % block_size) * row;
       const float w = s[t] / sum;
@@ -421,7 +431,29 @@ static void attend_scalar(const float* qf, int64_t G, int64_t hd, const T* kc, c
   }
 }
 
-// q: [D, H, hd]; k_cache, v_cache: [slots, KVH, hd]; block_tables: [D, nb] int64; context_lens: [D] int64
+// A (sequence, KV head)'s attention over parts of its context, each part's output normalized on its own: the whole's,
+// in float32: each part weighs the sum of its exponentials, rescaled to the largest max (stats as attend_* write them)
+static void merge_parts(const float* outs, const float* stats, int64_t parts, int64_t G, int64_t hd, float* out) {
+  for (int64_t g = 0; g < G; ++g) {
+    float mx = -std::numeric_limits<float>::infinity(), total = 0.f;
+    for (int64_t p = 0; p < parts; ++p) mx = std::max(mx, stats[p * 2 * G + 2 * g]);
+    std::fill(out + g * hd, out + (g + 1) * hd, 0.f);
+    for (int64_t p = 0; p < parts; ++p) {
+      const float w = stats[p * 2 * G + 2 * g + 1] * std::exp(stats[p * 2 * G + 2 * g] - mx);
+      total += w;
+      for (int64_t i = 0; i < hd; ++i) out[g * hd + i] += w * outs[p * G * hd + g * hd + i];
+    }
+    for (int64_t i = 0; i < hd; ++i) out[g * hd + i] /= total;
+  }
+}
+
+// positions a part of one sequence's context holds at least, where paged_decode cuts a context in parts
+constexpr int64_t MIN_PART = 128;
+
+// q: [D, H, hd]; k_cache, v_cache: [slots, KVH, hd]; block_tables: [D, nb] int64; context_lens: [D] int64.
+// Tasks: a (sequence, KV head) each, split across the threads. Where those are fewer than twice the threads (one
+// sequence of SmolLM2's 3 KV heads on 2 cores: 2 tasks on one thread, 1 on the other), each context is cut into parts
+// of whole blocks, at least MIN_PART positions each, attended separately and merged (merge_parts).
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_tables, torch::Tensor context_lens,
                            int64_t block_size, double scale) {
@@ -457,18 +489,46 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
     else if (hd == 16 * W) attend = attend_vec<16, T>;
 #endif
     const T *qp = ptr<T>(q), *kp = ptr<T>(k_cache), *vp = ptr<T>(v_cache); T* op = ptr<T>(out);
-    at::parallel_for(0, D * KVH, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(G * longest), qf(G * hd), acc(G * hd);
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t d = task / KVH, h = task % KVH;
+    const int64_t threads = at::get_num_threads();
+    const int64_t want = D * KVH < 2 * threads ? (2 * threads + D * KVH - 1) / (D * KVH) : 1;  // parts a context
+    struct Part { int64_t d, h, t0, t1; };
+    std::vector<Part> parts;
+    std::vector<int64_t> first(D * KVH + 1);  // (d, h)'s parts: first[d * KVH + h] ..
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t h = 0; h < KVH; ++h) {
+        first[d * KVH + h] = parts.size();
+        const int64_t n = std::max<int64_t>(1, std::min(want, lens[d] / MIN_PART));
+        for (int64_t p = 0, t0 = 0; p < n; ++p) {
+          const int64_t t1 = p + 1 == n ? lens[d] : lens[d] * (p + 1) / n / block_size * block_size;
+          if (t1 > t0) parts.push_back({d, h, t0, t1}), t0 = t1;
+        }
+      }
+    first[D * KVH] = parts.size();
+    const bool cut = (int64_t)parts.size() > D * KVH;
+    std::vector<float> outs(cut ? parts.size() * G * hd : 0), stats(cut ? parts.size() * 2 * G : 0);
+    auto store = [&](int64_t d, int64_t h, const float* o) {
+      T* og = op + (d * H + h * G) * hd;
+      for (int64_t i = 0; i < G * hd; ++i) og[i] = to<T>(o[i]);
+    };
+    at::parallel_for(0, parts.size(), 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(G * longest), qf(G * hd), acc(G * hd), st(2 * G);
+      for (int64_t i = begin; i < end; ++i) {
+        const auto [d, h, t0, t1] = parts[i];
         const T* qg = qp + (d * H + h * G) * hd;
-        for (int64_t i = 0; i < G * hd; ++i) qf[i] = ld(qg[i]) * (float)scale;
-        attend(qf.data(), G, hd, kp + h * hd, vp + h * hd, bt + d * nb, block_size, row, lens[d], scores.data(),
-               longest, acc.data());
-        T* og = op + (d * H + h * G) * hd;
-        for (int64_t i = 0; i < G * hd; ++i) og[i] = to<T>(acc[i]);
+        for (int64_t j = 0; j < G * hd; ++j) qf[j] = ld(qg[j]) * (float)scale;
+        attend(qf.data(), G, hd, kp + h * hd, vp + h * hd, bt + d * nb + t0 / block_size, block_size, row, t1 - t0,
+               scores.data(), longest, cut ? &outs[i * G * hd] : acc.data(), cut ? &stats[i * 2 * G] : st.data());
+        if (!cut) store(d, h, acc.data());
       }
     });
+    if (cut) {
+      std::vector<float> acc(G * hd);
+      for (int64_t task = 0; task < D * KVH; ++task) {
+        const int64_t p = first[task], n = first[task + 1] - p;
+        merge_parts(&outs[p * G * hd], &stats[p * 2 * G], n, G, hd, acc.data());
+        store(task / KVH, task % KVH, acc.data());
+      }
+    }
   });
   return out;
 }

@@ -98,6 +98,31 @@ def test_paged_decode_matches_torch(dtype, heads, kv_heads, hd):
     torch.testing.assert_close(cpp.paged_decode(*args), TorchKernels.paged_decode(*args), **tol(dtype))
 
 
+# Fewer (sequence, KV head) pairs than twice the threads: each context is cut into parts of whole blocks (at least
+# 128 positions), attended apart and merged. Lengths off the block size; a short sequence beside a long one (not
+# cut); blocks larger than a part (no cut where a part would be empty); the scalar loops (head_dim 24).
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [2, 4])
+@pytest.mark.parametrize("heads,kv_heads,hd,lens,block_size", [(9, 3, 64, [300], 16), (4, 1, 32, [1000, 5], 16),
+                                                               (9, 3, 64, [300], 256), (6, 2, 24, [777], 8)])
+def test_paged_decode_of_few_long_sequences_cut_in_parts_matches_torch(dtype, threads, heads, kv_heads, hd, lens,
+                                                                        block_size):
+    g = torch.Generator().manual_seed(threads)
+    width = -(-max(lens) // block_size)
+    num_blocks = width * len(lens) + 3
+    k_cache, v_cache = (randn(num_blocks * block_size, kv_heads, hd, dtype=dtype, g=g) for _ in range(2))
+    tables = torch.stack([torch.randperm(num_blocks, generator=g)[:width] for _ in lens])
+    q = randn(len(lens), heads, hd, dtype=dtype, g=g) * 3
+    args = q, k_cache, v_cache, tables, torch.tensor(lens), block_size, hd ** -0.5
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ours = cpp.paged_decode(*args)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(ours, TorchKernels.paged_decode(*args), **tol(dtype))
+
+
 @pytest.mark.skipif(not (cpp is not None and "avx512f" in open("/proc/cpuinfo").read()),
                     reason="the AVX2 build is tested where the native one is AVX-512")
 @pytest.mark.parametrize("dtype", DTYPES)
