@@ -4,7 +4,7 @@
   huge_page_weights  weights on 2 MiB pages (inferd/models/huge_pages.py) / on 4 KiB pages
   decode_loop        a decode step's layers as one C++ call (inferd/models/decode_loop.py) / the Python loop
 For each of --formats (dtype:quantization) both engines are built in this process; each decode batch size is
-measured on both in turn (benchmarks/engine.py's decode: B prompts of 128 random tokens, 128 new tokens each,
+measured on both in turn (benchmarks/engine.py's decode: B prompts of 128 random tokens, --new-tokens each,
 greedy), the order swapped every round, so the machine's drift and the order hit both alike. The read bandwidth
 on both kinds of pages is measured after every round (limits.py): on some VMs it swings between two levels
 within minutes, and a memory-bound gain with it.
@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 import torch
 
 from benchmarks import limits
-from benchmarks.engine import PROMPT_LEN, _cpu_name, _loadavg, _log, inferd_decode
+from benchmarks.engine import NEW_TOKENS, PROMPT_LEN, _cpu_name, _loadavg, _log, inferd_decode
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.models.loader import load_model
@@ -47,12 +47,14 @@ def main() -> None:
     ap.add_argument("--formats", default="auto:none,auto:int4")
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens each sequence decodes: the context "
+                    "attention reads grows to 128 + this")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     model = load_model(args.model, progress=False)
     reads = []
-    result = {"change": args.change,
+    result = {"change": args.change, "new_tokens": args.new_tokens,
               "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                           "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
                           "load_average_before": _loadavg()},
@@ -66,7 +68,7 @@ def main() -> None:
             runs = {"on": [], "off": []}
             for round_ in range(args.repeats):
                 for name in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
-                    runs[name].append(inferd_decode(engines[name], b))
+                    runs[name].append(inferd_decode(engines[name], b, args.new_tokens))
                     _log(f"{label} B={b} {name}: {runs[name][-1]:.1f} tok/s")
                 reads.append({"4k": limits.read_bandwidth() / 1e9, "2m": limits.read_bandwidth(huge_pages=True) / 1e9})
             on, off = statistics.median(runs["on"]), statistics.median(runs["off"])
@@ -86,7 +88,7 @@ def main() -> None:
 
 def table(r: dict) -> str:
     bw, m = r["read_bandwidth_gb_s"], r["machine"]
-    lines = [f"{r['change']} on/off; {m['cpu']}, {m['threads']} threads, {m['date']}; read bandwidth median 4 KiB "
+    lines = [f"{r['change']} on/off, {r.get('new_tokens', NEW_TOKENS)} new tokens a sequence; {m['cpu']}, {m['threads']} threads, {m['date']}; read bandwidth median 4 KiB "
              f"pages {bw['4k']['median']} GB/s, 2 MiB pages {bw['2m']['median']} GB/s", "",
              "| format | B | on tok/s | off tok/s | on/off (medians) | per round |", "|---|---:|---:|---:|---:|---|"]
     for label, rows in r["formats"].items():
