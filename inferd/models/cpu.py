@@ -1,15 +1,28 @@
 """What this CPU can do fast, read once from /proc/cpuinfo: the one place the dtype rules look."""
 import os
+import subprocess
 from functools import cache
+
+# the flags the rules below read, and the macro a compiler defines where -march has that instruction set
+ISA_MACROS = {"avx2": "__AVX2__", "fma": "__FMA__", "avx512f": "__AVX512F__", "avx512_bf16": "__AVX512BF16__",
+              "avx512_vnni": "__AVX512VNNI__", "amx_bf16": "__AMX_BF16__"}
 
 
 @cache
 def cpu_flags() -> frozenset[str]:
+    """This CPU's flags; under INFERD_KERNEL_MARCH (another machine's code run here, kernel_march) those of its
+    instruction sets that march lacks are left out, so that every rule picks what that machine would."""
     try:
         text = open("/proc/cpuinfo").read()
     except OSError:
         return frozenset()
-    return frozenset(word for line in text.splitlines() if line.startswith("flags") for word in line.split())
+    flags = frozenset(word for line in text.splitlines() if line.startswith("flags") for word in line.split())
+    march = kernel_march()
+    if march == "native":
+        return flags
+    macros = subprocess.run(["c++", f"-march={march}", "-dM", "-E", "-x", "c++", os.devnull], capture_output=True,
+                            text=True, check=True).stdout
+    return frozenset(f for f in flags if f not in ISA_MACROS or f"#define {ISA_MACROS[f]} " in macros)
 
 
 def kernel_march(march: str = "native") -> str:

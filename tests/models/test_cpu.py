@@ -1,0 +1,28 @@
+"""The CPU rules under INFERD_KERNEL_MARCH: another machine's code run here picks what that machine would."""
+import shutil
+
+import pytest
+
+from inferd.models import cpu
+
+
+@pytest.fixture
+def march(monkeypatch):
+    def set_march(value: str) -> frozenset[str]:
+        monkeypatch.setenv("INFERD_KERNEL_MARCH", value)
+        cpu.cpu_flags.cache_clear()
+        return cpu.cpu_flags()
+    yield set_march
+    monkeypatch.delenv("INFERD_KERNEL_MARCH", raising=False)
+    cpu.cpu_flags.cache_clear()
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to ask what a -march has")
+def test_an_avx2_march_hides_the_avx512_and_amx_flags_from_the_rules(march):
+    native = march("native")
+    haswell = march("haswell")
+    assert haswell <= native
+    assert not {"avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16"} & haswell
+    assert {"avx2", "fma"} & native == {"avx2", "fma"} & haswell  # what haswell has stays as the CPU has it
+    assert not cpu.has_native_bf16() and cpu.int4_int8_rows() is None and cpu.int4_max_rows(True) == 1
+    assert cpu.auto_quantization("auto") == "int4"  # with float32 rows, as on an AVX2 machine
