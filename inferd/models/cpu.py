@@ -20,8 +20,11 @@ def cpu_flags() -> frozenset[str]:
     march = kernel_march()
     if march == "native":
         return flags
-    macros = subprocess.run(["c++", f"-march={march}", "-dM", "-E", "-x", "c++", os.devnull], capture_output=True,
-                            text=True, check=True).stdout
+    try:
+        macros = subprocess.run(["c++", f"-march={march}", "-dM", "-E", "-x", "c++", os.devnull], capture_output=True,
+                                text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):  # no compiler (no kernels either) or a march it does not know
+        return flags
     return frozenset(f for f in flags if f not in ISA_MACROS or f"#define {ISA_MACROS[f]} " in macros)
 
 
