@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 
 import torch
 
+from benchmarks.cpu_kernels import per_call_us
 from benchmarks.engine import _cpu_name, random_prompts
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
@@ -36,18 +37,6 @@ def decode_forward(engine: LLMEngine, batch: int, context: int):
         engine.run_batch(batch_)
     chunks = [Chunk(s.seq, s.seq.num_computed_tokens, s.seq.token_ids[-1:], 1) for s in batch_.decodes]
     return lambda: engine.runner.forward(chunks, [])
-
-
-def timed(fn, passes: int, calls: int = 20) -> list[float]:
-    for _ in range(5):
-        fn()
-    out = []
-    for _ in range(passes):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter() - t) / calls * 1e3)
-    return out
 
 
 def by_op(net, forward, calls: int = 100) -> dict[str, float]:
@@ -111,7 +100,7 @@ def main() -> None:
             for name in ("C++ loop", "Python loop") if round_ % 2 == 0 else ("Python loop", "C++ loop"):
                 if name == "Python loop":
                     net._loop = python_loop
-                runs[name] += timed(forward, 1)
+                runs[name].append(per_call_us(forward, 20, 1) / 1e3)
                 net.__dict__.pop("_loop", None)
         medians = {k: round(statistics.median(v), 3) for k, v in runs.items()}
         result["batches"][str(b)] = {"forward_ms": medians, "runs_ms": runs,

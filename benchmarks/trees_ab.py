@@ -3,7 +3,8 @@
 --base (a git revision) is checked out into a temporary worktree. Each round runs the benchmark command once in
 each tree, the order swapped every round, so the machine's drift hits both alike; each tree builds its C++ kernels
 into a folder of its own (TORCH_EXTENSIONS_DIR), so that turns do not rebuild. The command is run with
-PYTHONPATH at its tree and "{out}" replaced by a JSON file it must write; --metric names the numbers to compare,
+PYTHONPATH at its tree and "{out}" replaced by a JSON file it must write (a path under .venv, which git ignores and
+the worktree lacks, is this checkout's); --metric names the numbers to compare,
 as dotted paths into that JSON. Prints (and with --out writes) every round's figures and the medians' ratio
 new / base.
 
