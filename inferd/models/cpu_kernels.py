@@ -16,7 +16,10 @@ weight reads. Here each of these is one call:
   Its loops are written on this CPU's vectors (AVX-512 or AVX2, chosen when it is built; scalar loops
   elsewhere and for a head_dim that is not a multiple of the width), the next block's keys and this one's
   values prefetched: 3.7-3.8x its plain-loop version in bf16 at batch 8-64, 2.1-2.6x in fp32, with K/V
-  from memory (benchmarks/paged_decode.py).
+  from memory (benchmarks/paged_decode.py). bf16 where the CPU has AVX-512 BF16 (head_dim 32, 64, 128) and
+  there are at least twice as many sequences as threads runs on its dot products instead, K and V never
+  widened, a task a whole sequence (its blocks read as one): in the engine 0.85-0.89x the attention's time at
+  8-64 streams of 512 positions (benchmarks/README.md, "Decode attention on bf16 dot products").
 - `prefill_attention(q, k_cache, v_cache, blocks, ctx, block_size, scale)`: causal attention of a prompt chunk over
   its context, read from the cache blocks, as a flash attention on AVX-512: in bf16 on its bf16 dot products
   (vdpbf16ps, where the CPU has AVX-512 BF16), 2.4-3.7x the gather + SDPA path at SmolLM2's shapes; in fp32 on
@@ -53,6 +56,7 @@ SOURCE = r"""
 #include <atomic>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 using bf16 = uint16_t;  // bfloat16 as its bits
 
@@ -204,6 +208,11 @@ static inline vec vzero_where(vec a, vec x, float bad) {  // a, with 0 where x i
   const __mmask16 m = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_set1_epi32(__builtin_bit_cast(int32_t, bad)));
   return _mm512_maskz_mov_ps(~m, a);  // -ffast-math may drop a float compare with an infinity)
 }
+#if defined(__AVX512BF16__)
+// two bf16 broadcast to every lane as a pair; vdpbf16ps: each float32 lane plus the products of its two bf16 pairs
+static inline __m512i pair(const bf16* p) { int32_t x; std::memcpy(&x, p, 4); return _mm512_set1_epi32(x); }
+static inline __m512 dot2(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+#endif
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define INFERD_VEC 8
@@ -402,6 +411,136 @@ static void attend_vec(const float* qf, int64_t G, int64_t hd, const T* kc, cons
 }
 #endif
 
+#if defined(__AVX512BF16__)
+// Decode attention in bf16 on its dot products (AVX-512 BF16), for head_dim a multiple of 32 (DV vectors of 32 bf16
+// a row): no widening of K or V to float32. QK: a query head's row against 16 keys at a time, one vector of partial
+// sums a key (DV vdpbf16ps), the 16 added across their lanes together (sum16: 45 shuffles and adds, not 16
+// reductions of 8). PV: two keys' value rows interleaved into pairs (unpacklo/hi: dims in a fixed order, undone at
+// the end) against their two probabilities (rounded to bf16, as the prefill loops round them), GT query heads at once.
+
+// lane i: the sum of a[i]'s lanes
+static inline __m512 sum16(const __m512* a) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i)  // per 128 bits: [x0+x2, y0+y2, x1+x3, y1+y3] of a[2i], a[2i+1]
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int j = 0; j < 4; ++j) {  // per 128 bits: a[4j..4j+3], each that quarter's sum
+    const __m512d x = _mm512_castps_pd(b[2 * j]), y = _mm512_castps_pd(b[2 * j + 1]);
+    c[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+  const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xdd));
+}
+
+template <int HINT> static inline void prefetch_bytes(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char*)p + b, (_mm_hint)HINT);
+}
+
+// s[i] = scale q . k_i for one query head against n keys, rows `row` apart
+template <int DV>
+static void qk_bf16(const bf16* q, float scale, const bf16* k, int64_t row, int64_t n, float* s) {
+  __m512i qv[DV];
+  for (int c = 0; c < DV; ++c) qv[c] = _mm512_loadu_si512(q + c * 32);
+  for (int64_t i0 = 0; i0 < n; i0 += 16) {
+    const int64_t m = std::min<int64_t>(16, n - i0);
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) {
+      acc[i] = _mm512_setzero_ps();
+      if (i < m)
+        for (int c = 0; c < DV; ++c) acc[i] = dot2(acc[i], qv[c], _mm512_loadu_si512(k + (i0 + i) * row + c * 32));
+    }
+    _mm512_mask_storeu_ps(s + i0, (__mmask16)((1u << m) - 1), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+  }
+}
+
+// out[g] (float32, dims in order) = inv[g] sum_t p[g * stride + t] v_t for GT query heads, p in bf16
+template <int DV, int GT>
+static void pv_bf16(const bf16* p, int64_t stride, const bf16* vc, const int64_t* blocks, int64_t block_size,
+                    int64_t row, int64_t len, const float* inv, float* out, int64_t hd) {
+  __m512 lo[GT][DV], hi[GT][DV];
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < DV; ++c) lo[g][c] = hi[g][c] = _mm512_setzero_ps();
+  for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+    const bf16* block = vc + blocks[t0 / block_size] * block_size * row;
+    const int64_t n = std::min(block_size, len - t0);
+    for (int64_t i = 0; i < n; i += 2) {
+      const bool two = i + 1 < n;  // a lone last key pairs with zeros (never with the next block's first)
+      for (int c = 0; c < DV; ++c) {
+        const __m512i a = _mm512_loadu_si512(block + i * row + c * 32);
+        const __m512i b = two ? _mm512_loadu_si512(block + (i + 1) * row + c * 32) : _mm512_setzero_si512();
+        const __m512i l = _mm512_unpacklo_epi16(a, b), h = _mm512_unpackhi_epi16(a, b);
+        for (int g = 0; g < GT; ++g) {
+          const bf16* pg = p + g * stride + t0 + i;
+          const __m512i w = _mm512_set1_epi32(int32_t(uint32_t(pg[0]) | (two ? uint32_t(pg[1]) << 16 : 0u)));
+          lo[g][c] = dot2(lo[g][c], w, l);
+          hi[g][c] = dot2(hi[g][c], w, h);
+        }
+      }
+    }
+  }
+  // per 128 bits of 8 dims: lo holds their first 4, hi the last 4
+  alignas(64) float l[16], h[16];
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < DV; ++c) {
+      _mm512_store_ps(l, _mm512_mul_ps(lo[g][c], _mm512_set1_ps(inv[g])));
+      _mm512_store_ps(h, _mm512_mul_ps(hi[g][c], _mm512_set1_ps(inv[g])));
+      float* o = out + g * hd + c * 32;
+      for (int j = 0; j < 16; ++j) o[j / 4 * 8 + j % 4] = l[j], o[j / 4 * 8 + 4 + j % 4] = h[j];
+    }
+}
+
+// KH KV heads side by side (kc, vc at the first's) of one sequence, or part of it, as attend_vec: q their KH G query
+// heads' bf16 rows, unscaled; scores: KH G rows `stride` apart, probs: GT rows, scratch; out, stats as attend_vec's
+// for KH G heads. paged_decode passes all KV heads: a block's keys are then one contiguous read (a task a KV head read
+// 2 of every 6 cache lines of a slot of SmolLM2's). The keys block by block, a pass a query head; the next block's keys
+// fetched ahead and this one's values into L2 for PV, spread over the passes (all at the first: 0.8x the speed with
+// the cache in memory).
+template <int DV>
+static void attend_bf16(const bf16* q, float scale, int64_t KH, int64_t G, int64_t hd, const bf16* kc,
+                        const bf16* vc, const int64_t* blocks, int64_t block_size, int64_t row, int64_t len,
+                        float* scores, bf16* probs, int64_t stride, float* out, float* stats) {
+  const int64_t bytes = KH * hd * 2;
+  for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+    const int64_t n = std::min(block_size, len - t0), at = blocks[t0 / block_size] * block_size * row;
+    const bf16* next = t0 + block_size < len ? kc + blocks[t0 / block_size + 1] * block_size * row : nullptr;
+    const int64_t passes = KH * G;  // the prefetches spread over the block's passes (a query head each)
+    for (int64_t j = 0; j < passes; ++j) {
+      for (int64_t i = j * n / passes; i < (j + 1) * n / passes; ++i) {
+        if (next) prefetch_bytes<_MM_HINT_T0>(next + i * row, bytes);
+        prefetch_bytes<_MM_HINT_T1>(vc + at + i * row, bytes);
+      }
+      const int64_t h = j / G;
+      qk_bf16<DV>(q + j * hd, scale, kc + at + h * hd, row, n, scores + j * stride + t0);
+    }
+  }
+  constexpr int GT = std::clamp(8 / DV, 1, 4);  // heads whose PV accumulators stay in registers
+  float inv[GT];
+  for (int64_t h = 0; h < KH; ++h)
+    for (int64_t g0 = 0; g0 < G; g0 += GT) {
+      const int64_t gt = std::min<int64_t>(GT, G - g0), first = h * G + g0;
+      for (int64_t g = 0; g < gt; ++g) {
+        float* s = scores + (first + g) * stride;
+        float* st = stats + 2 * (first + g);
+        st[1] = exp_row(s, len, &st[0]);
+        inv[g] = 1.f / st[1];
+        bf16* pb = probs + g * stride;
+        int64_t t = 0;
+        for (; t + 16 <= len; t += 16)
+          _mm256_storeu_si256((__m256i*)(pb + t), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + t)));
+        for (; t < len; ++t) pb[t] = to<bf16>(s[t]);
+      }
+      float* o = out + first * hd;
+      const bf16* v = vc + h * hd;
+      switch (gt) {
+        case 1: pv_bf16<DV, 1>(probs, stride, v, blocks, block_size, row, len, inv, o, hd); break;
+        case 2: if constexpr (GT >= 2) pv_bf16<DV, 2>(probs, stride, v, blocks, block_size, row, len, inv, o, hd); break;
+        case 3: if constexpr (GT >= 3) pv_bf16<DV, 3>(probs, stride, v, blocks, block_size, row, len, inv, o, hd); break;
+        default: if constexpr (GT >= 4) pv_bf16<DV, 4>(probs, stride, v, blocks, block_size, row, len, inv, o, hd);
+      }
+    }
+}
+#endif
+
 // the same on scalars, for any head_dim
 template <typename T>
 static void attend_scalar(const float* qf, int64_t G, int64_t hd, const T* kc, const T* vc, const int64_t* blocks,
@@ -447,13 +586,20 @@ static void merge_parts(const float* outs, const float* stats, int64_t parts, in
   }
 }
 
+using AttendBf16 = void (*)(const bf16*, float, int64_t, int64_t, int64_t, const bf16*, const bf16*, const int64_t*,
+                           int64_t, int64_t, int64_t, float*, bf16*, int64_t, float*, float*);
+
+// query heads of a PV tile, at most (attend_bf16's GT): the rows of its probs
+constexpr int64_t GMAX_PROBS = 4;
+
 // positions a part of one sequence's context holds at least, where paged_decode cuts a context in parts
 constexpr int64_t MIN_PART = 128;
 
 // q: [D, H, hd]; k_cache, v_cache: [slots, KVH, hd]; block_tables: [D, nb] int64; context_lens: [D] int64.
-// Tasks: a (sequence, KV head) each, split across the threads. Where those are fewer than twice the threads (one
-// sequence of SmolLM2's 3 KV heads on 2 cores: 2 tasks on one thread, 1 on the other), each context is cut into parts
-// of whole blocks, at least MIN_PART positions each, attended separately and merged (merge_parts).
+// Tasks: a (sequence, KV head) each (attend_bf16's: a sequence each, all its KV heads), split across the threads.
+// Where those are fewer than twice the threads (one sequence of SmolLM2's 3 KV heads on 2 cores: 2 tasks on one
+// thread, 1 on the other), each context is cut into parts of whole blocks, at least MIN_PART positions each, attended
+// separately and merged (merge_parts).
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_tables, torch::Tensor context_lens,
                            int64_t block_size, double scale) {
@@ -488,45 +634,66 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
     else if (hd == 8 * W) attend = attend_vec<8, T>;
     else if (hd == 16 * W) attend = attend_vec<16, T>;
 #endif
-    const T *qp = ptr<T>(q), *kp = ptr<T>(k_cache), *vp = ptr<T>(v_cache); T* op = ptr<T>(out);
+    // bf16 on its dot products where the CPU has them and the sequences alone keep the threads busy (attend_bf16, a
+    // task a sequence: all its KV heads), else widened to float32 (attend, a task a KV head). With fewer sequences
+    // (cut in parts, below) the dot products were 1.25x the time at one stream of 512 positions.
     const int64_t threads = at::get_num_threads();
-    const int64_t want = D * KVH < 2 * threads ? (2 * threads + D * KVH - 1) / (D * KVH) : 1;  // parts a context
+    AttendBf16 attend2 = nullptr;
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (D < 2 * threads) attend2 = nullptr;
+      else if (hd == 32) attend2 = attend_bf16<1>;
+      else if (hd == 64) attend2 = attend_bf16<2>;
+      else if (hd == 128) attend2 = attend_bf16<4>;
+    }
+#endif
+    const int64_t KH = attend2 ? KVH : 1, groups = KVH / KH, HG = KH * G;  // KV heads a task, tasks a sequence
+    const T *qp = ptr<T>(q), *kp = ptr<T>(k_cache), *vp = ptr<T>(v_cache); T* op = ptr<T>(out);
+    const int64_t want = D * groups < 2 * threads ? (2 * threads + D * groups - 1) / (D * groups) : 1;  // parts a context
     struct Part { int64_t d, h, t0, t1; };
     std::vector<Part> parts;
-    std::vector<int64_t> first(D * KVH + 1);  // (d, h)'s parts: first[d * KVH + h] ..
+    std::vector<int64_t> first(D * groups + 1);  // (d, group)'s parts: first[d * groups + group] ..
     for (int64_t d = 0; d < D; ++d)
-      for (int64_t h = 0; h < KVH; ++h) {
-        first[d * KVH + h] = parts.size();
+      for (int64_t j = 0; j < groups; ++j) {
+        first[d * groups + j] = parts.size();
         const int64_t n = std::max<int64_t>(1, std::min(want, lens[d] / MIN_PART));
         for (int64_t p = 0, t0 = 0; p < n; ++p) {
           const int64_t t1 = p + 1 == n ? lens[d] : lens[d] * (p + 1) / n / block_size * block_size;
-          if (t1 > t0) parts.push_back({d, h, t0, t1}), t0 = t1;
+          if (t1 > t0) parts.push_back({d, j * KH, t0, t1}), t0 = t1;
         }
       }
-    first[D * KVH] = parts.size();
-    const bool cut = (int64_t)parts.size() > D * KVH;
-    std::vector<float> outs(cut ? parts.size() * G * hd : 0), stats(cut ? parts.size() * 2 * G : 0);
+    first[D * groups] = parts.size();
+    const bool cut = (int64_t)parts.size() > D * groups;
+    std::vector<float> outs(cut ? parts.size() * HG * hd : 0), stats(cut ? parts.size() * 2 * HG : 0);
     auto store = [&](int64_t d, int64_t h, const float* o) {
       T* og = op + (d * H + h * G) * hd;
-      for (int64_t i = 0; i < G * hd; ++i) og[i] = to<T>(o[i]);
+      for (int64_t i = 0; i < HG * hd; ++i) og[i] = to<T>(o[i]);
     };
     at::parallel_for(0, parts.size(), 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(G * longest), qf(G * hd), acc(G * hd), st(2 * G);
+      std::vector<float> scores(HG * longest), qf(G * hd), acc(HG * hd), st(2 * HG);
+      std::vector<bf16> probs(attend2 ? GMAX_PROBS * longest : 0);
       for (int64_t i = begin; i < end; ++i) {
         const auto [d, h, t0, t1] = parts[i];
         const T* qg = qp + (d * H + h * G) * hd;
-        for (int64_t j = 0; j < G * hd; ++j) qf[j] = ld(qg[j]) * (float)scale;
-        attend(qf.data(), G, hd, kp + h * hd, vp + h * hd, bt + d * nb + t0 / block_size, block_size, row, t1 - t0,
-               scores.data(), longest, cut ? &outs[i * G * hd] : acc.data(), cut ? &stats[i * 2 * G] : st.data());
+        float *o = cut ? &outs[i * HG * hd] : acc.data(), *sti = cut ? &stats[i * 2 * HG] : st.data();
+        const int64_t* blocks = bt + d * nb + t0 / block_size;
+        if (attend2) {
+          attend2((const bf16*)qg, (float)scale, KH, G, hd, (const bf16*)kp + h * hd, (const bf16*)vp + h * hd, blocks,
+                  block_size, row, t1 - t0, scores.data(), probs.data(), longest, o, sti);
+        } else {
+          for (int64_t j = 0; j < G * hd; ++j) qf[j] = ld(qg[j]) * (float)scale;
+          attend(qf.data(), G, hd, kp + h * hd, vp + h * hd, blocks, block_size, row, t1 - t0, scores.data(), longest,
+                 o, sti);
+        }
         if (!cut) store(d, h, acc.data());
       }
     });
     if (cut) {
-      std::vector<float> acc(G * hd);
-      for (int64_t task = 0; task < D * KVH; ++task) {
+      std::vector<float> acc(HG * hd);
+      for (int64_t task = 0; task < D * groups; ++task) {
         const int64_t p = first[task], n = first[task + 1] - p;
-        merge_parts(&outs[p * G * hd], &stats[p * 2 * G], n, G, hd, acc.data());
-        store(task / KVH, task % KVH, acc.data());
+        merge_parts(&outs[p * HG * hd], &stats[p * 2 * HG], n, HG, hd, acc.data());
+        store(task / groups, task % groups * KH, acc.data());
       }
     }
   });
@@ -670,9 +837,6 @@ template <int DV> struct F32Flash {
 };
 
 #if defined(__AVX512BF16__)
-static inline __m512i pair(const bf16* p) { int32_t x; std::memcpy(&x, p, 4); return _mm512_set1_epi32(x); }
-static inline __m512 dot2(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
-
 // bf16: kp[key / 16][d / 2][key % 16][d % 2], vp[key / 2][d / 16][d % 16][key % 2]
 template <int DV> struct Bf16Flash {
   using T = bf16;

@@ -1,5 +1,7 @@
 """The C++ ops of inferd.models.cpu_kernels against their torch versions (TorchKernels), float32 and bfloat16,
 on random inputs: odd head counts, GQA ratios, contexts across block boundaries."""
+import contextlib
+
 import pytest
 import torch
 
@@ -89,13 +91,28 @@ def paged_decode_case(dtype, heads, kv_heads, hd, seed=0):
     return q, k_cache, v_cache, tables, lens, block_size, hd ** -0.5
 
 
-# head_dim 16..128 take the vector loops (tiles of 1-4 query heads: 9 / 1 is 4 + 4 + 1), 24 the scalar ones
+@contextlib.contextmanager
+def torch_threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# head_dim 16..128 take the vector loops (tiles of 1-4 query heads: 9 / 1 is 4 + 4 + 1), 24 the scalar ones. The 5
+# sequences on 1 thread: bf16 on its dot products where the CPU has AVX-512 BF16 (head_dim 32, 64, 128; a task a
+# sequence); on 8 threads, fewer than twice as many sequences: widened to float32, a task a KV head.
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [1, 8])
 @pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 16), (4, 2, 32), (6, 6, 64), (9, 3, 64), (9, 1, 64), (10, 2, 128),
                                                (6, 2, 24), (3, 3, 8)])
-def test_paged_decode_matches_torch(dtype, heads, kv_heads, hd):
+def test_paged_decode_matches_torch(dtype, threads, heads, kv_heads, hd):
     args = paged_decode_case(dtype, heads, kv_heads, hd)
-    torch.testing.assert_close(cpp.paged_decode(*args), TorchKernels.paged_decode(*args), **tol(dtype))
+    with torch_threads(threads):
+        ours = cpp.paged_decode(*args)
+    torch.testing.assert_close(ours, TorchKernels.paged_decode(*args), **tol(dtype))
 
 
 # Fewer (sequence, KV head) pairs than twice the threads: each context is cut into parts of whole blocks (at least
@@ -114,12 +131,8 @@ def test_paged_decode_of_few_long_sequences_cut_in_parts_matches_torch(dtype, th
     tables = torch.stack([torch.randperm(num_blocks, generator=g)[:width] for _ in lens])
     q = randn(len(lens), heads, hd, dtype=dtype, g=g) * 3
     args = q, k_cache, v_cache, tables, torch.tensor(lens), block_size, hd ** -0.5
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         ours = cpp.paged_decode(*args)
-    finally:
-        torch.set_num_threads(before)
     torch.testing.assert_close(ours, TorchKernels.paged_decode(*args), **tol(dtype))
 
 
