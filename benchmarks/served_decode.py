@@ -218,7 +218,7 @@ def main() -> None:
                 for _ in range(args.ttft_repeats):
                     seed += 1
                     runs[t.name]["ttft_ms"].append(round(t.ttft(seed, vocab), 1))
-                print(f"round {r}, {t.name}: {json.dumps({k: v[-1] for k, v in runs[t.name].items()})}",
+                print(f"round {r}, {t.name}: {json.dumps({k: v[-1] for k, v in runs[t.name].items() if v})}",
                       file=sys.stderr, flush=True)
     finally:
         for stop in reversed(procs):
@@ -229,7 +229,8 @@ def main() -> None:
               "settings": SETTINGS, "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": args.new_tokens,
                                                  "long_prompt_tokens": LONG_PROMPT, "rounds": args.rounds},
               "runs": runs,
-              "medians": {name: {k: statistics.median(v) for k, v in by.items()} for name, by in runs.items()}}
+              "medians": {name: {k: statistics.median(v) for k, v in by.items() if v} for name, by in runs.items()},
+              "served_over_engine": served_over_engine(runs, formats, batches)}
     text = markdown(result, formats, batches)
     print(text)
     if args.out:
@@ -237,10 +238,26 @@ def main() -> None:
         Path(args.out.removesuffix(".json") + ".md").write_text(text)
 
 
+def served_over_engine(runs: dict, formats: list[str], batches: list[int]) -> dict:
+    """Per format and batch: the served tok/s over the engine's in the same round (they run one after the other),
+    each round's ratio and their median: a change of the machine's speed between rounds falls on both sides of a
+    ratio, where a ratio of medians can pair a fast round of one with a slow round of the other."""
+    out = {}
+    for f in formats:
+        served, engine = runs[f"serve:{f}"], runs[f"engine:{base_format(f)}"]
+        by = {}
+        for b in batches:
+            ratios = [round(s / e, 3) for s, e in zip(served[f"decode_b{b}"], engine[f"decode_b{b}"])]
+            by[f"decode_b{b}"] = {"rounds": ratios, "median": statistics.median(ratios)}
+        out[f] = by
+    return out
+
+
 def markdown(r: dict, formats: list[str], batches: list[int]) -> str:
     m, med = r["machine"], r["medians"]
-    keys = [f"decode_b{b}" for b in batches] + ["ttft_ms"]
-    heads = [f"decode B={b}, tok/s" for b in batches] + [f"TTFT {LONG_PROMPT}-token prompt, ms"]
+    ttft = all("ttft_ms" in by for by in med.values())
+    keys = [f"decode_b{b}" for b in batches] + ["ttft_ms"] * ttft
+    heads = [f"decode B={b}, tok/s" for b in batches] + [f"TTFT {LONG_PROMPT}-token prompt, ms"] * ttft
     out = [f"# Served decode and long-prompt TTFT: `inferd serve`, vLLM CPU {m['vllm']}, the engine in process", "",
            f"{r['date']} · {m['cpu']}, {m['cores']} cores · torch {m['torch']} · medians of {r['workload']['rounds']} "
            "rounds, the targets taking turns", "", "| target | " + " | ".join(heads) + " |",
@@ -253,6 +270,11 @@ def markdown(r: dict, formats: list[str], batches: list[int]) -> str:
         pairs.append((f"serve:{f}", f"engine:{base_format(f)}", "inferd serve / its engine in process"))
         for a, b, label in pairs:
             out.append(f"| {label} ({f}) | " + " | ".join(f"{ratio(a, b, k):.2f}x" for k in keys) + " |")
+    paired = r["served_over_engine"]
+    for f in formats:
+        out.append(f"| inferd serve / its engine, the median of each round's ratio ({f}) | "
+                   + " | ".join(f"{paired[f][k]['median']:.2f}x" for k in keys if k != "ttft_ms")
+                   + " |" + " |" * ttft)
     out += ["", "Ratios above 1 are better for inferd serve (for TTFT: the other's time over inferd's)."]
     return "\n".join(out) + "\n"
 
