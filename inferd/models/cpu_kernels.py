@@ -306,8 +306,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 }
 
 #ifdef INFERD_VEC
-template <size_t BYTES, int HINT> static inline void prefetch(const void* p) {
-  for (size_t b = 0; b < BYTES; b += 64) _mm_prefetch((const char*)p + b, (_mm_hint)HINT);
+template <int HINT> static inline void prefetch(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char*)p + b, (_mm_hint)HINT);
 }
 
 // the scores of GT query heads (q: their rows, float32, scaled) against one sequence's keys, for one KV head:
@@ -327,8 +327,8 @@ static void qk_tile(const float* q, int64_t hd, const T* cache, const T* vcache,
     const T* values = vcache + blocks[t0 / block_size] * block_size * row;
     for (int64_t i = 0; i < n; ++i) {
       const T* k = block + i * row;
-      if (next) prefetch<C * W * sizeof(T), _MM_HINT_T0>(next + i * row);
-      prefetch<C * W * sizeof(T), _MM_HINT_T1>(values + i * row);
+      if (next) prefetch<_MM_HINT_T0>(next + i * row, C * W * sizeof(T));
+      prefetch<_MM_HINT_T1>(values + i * row, C * W * sizeof(T));
       vec kv[C];
       for (int c = 0; c < C; ++c) kv[c] = vload(k + c * W);
       for (int g = 0; g < GT; ++g) {
@@ -432,10 +432,6 @@ static inline __m512 sum16(const __m512* a) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xdd));
 }
 
-template <int HINT> static inline void prefetch_bytes(const void* p, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char*)p + b, (_mm_hint)HINT);
-}
-
 // s[i] = scale q . k_i for one query head against n keys, rows `row` apart
 template <int DV>
 static void qk_bf16(const bf16* q, float scale, const bf16* k, int64_t row, int64_t n, float* s) {
@@ -490,7 +486,7 @@ static void pv_bf16(const bf16* p, int64_t stride, const bf16* vc, const int64_t
 }
 
 // KH KV heads side by side (kc, vc at the first's) of one sequence, or part of it, as attend_vec: q their KH G query
-// heads' bf16 rows, unscaled; scores: KH G rows `stride` apart, probs: GT rows, scratch; out, stats as attend_vec's
+// heads' bf16 rows, unscaled; scores: KH G rows `stride` apart, probs: G rows, scratch; out, stats as attend_vec's
 // for KH G heads. paged_decode passes all KV heads: a block's keys are then one contiguous read (a task a KV head read
 // 2 of every 6 cache lines of a slot of SmolLM2's). The keys block by block, a pass a query head; the next block's keys
 // fetched ahead and this one's values into L2 for PV, spread over the passes (all at the first: 0.8x the speed with
@@ -506,8 +502,8 @@ static void attend_bf16(const bf16* q, float scale, int64_t KH, int64_t G, int64
     const int64_t passes = KH * G;  // the prefetches spread over the block's passes (a query head each)
     for (int64_t j = 0; j < passes; ++j) {
       for (int64_t i = j * n / passes; i < (j + 1) * n / passes; ++i) {
-        if (next) prefetch_bytes<_MM_HINT_T0>(next + i * row, bytes);
-        prefetch_bytes<_MM_HINT_T1>(vc + at + i * row, bytes);
+        if (next) prefetch<_MM_HINT_T0>(next + i * row, bytes);
+        prefetch<_MM_HINT_T1>(vc + at + i * row, bytes);
       }
       const int64_t h = j / G;
       qk_bf16<DV>(q + j * hd, scale, kc + at + h * hd, row, n, scores + j * stride + t0);
@@ -589,9 +585,6 @@ static void merge_parts(const float* outs, const float* stats, int64_t parts, in
 using AttendBf16 = void (*)(const bf16*, float, int64_t, int64_t, int64_t, const bf16*, const bf16*, const int64_t*,
                            int64_t, int64_t, int64_t, float*, bf16*, int64_t, float*, float*);
 
-// query heads of a PV tile, at most (attend_bf16's GT): the rows of its probs
-constexpr int64_t GMAX_PROBS = 4;
-
 // positions a part of one sequence's context holds at least, where paged_decode cuts a context in parts
 constexpr int64_t MIN_PART = 128;
 
@@ -671,7 +664,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
     };
     at::parallel_for(0, parts.size(), 1, [&](int64_t begin, int64_t end) {
       std::vector<float> scores(HG * longest), qf(G * hd), acc(HG * hd), st(2 * HG);
-      std::vector<bf16> probs(attend2 ? GMAX_PROBS * longest : 0);
+      std::vector<bf16> probs(attend2 ? G * longest : 0);  // a PV tile's heads, at most G
       for (int64_t i = begin; i < end; ++i) {
         const auto [d, h, t0, t1] = parts[i];
         const T* qg = qp + (d * H + h * G) * hd;
