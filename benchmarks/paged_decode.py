@@ -33,13 +33,17 @@ from inferd.models.cpu_kernels import FUNCTIONS, TorchKernels, load_cpp_kernels
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
 
+def source_at(rev: str, path: str) -> str:
+    """The C++ SOURCE string of the module at `path` (e.g. inferd/models/cpu_kernels.py) at git revision `rev`."""
+    text = subprocess.run(["git", "show", f"{rev}:{path}"], check=True, capture_output=True, text=True).stdout
+    return next(ast.literal_eval(node.value) for node in ast.parse(text).body
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SOURCE")
+
+
 def kernels_at(rev: str):
     """The C++ kernels as inferd/models/cpu_kernels.py had them at git revision `rev`, built for this CPU."""
-    text = subprocess.run(["git", "show", f"{rev}:inferd/models/cpu_kernels.py"], check=True, capture_output=True,
-                          text=True).stdout
-    source = next(ast.literal_eval(node.value) for node in ast.parse(text).body
-                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SOURCE")
-    return build(f"inferd_cpu_kernels_{rev}", source, FUNCTIONS, cflags=("-ffast-math",))
+    return build(f"inferd_cpu_kernels_{rev}", source_at(rev, "inferd/models/cpu_kernels.py"), FUNCTIONS,
+                 cflags=("-ffast-math",))
 
 
 def setup(batch: int, context: int, layers: int, blocks_per_layer: int, dtype, seed: int = 0):

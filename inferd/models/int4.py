@@ -8,8 +8,9 @@ dequantized gives back the file's own q, d and m (llama.cpp's Q4_1 puts each gro
 max at q = 15): the 4-bit model computes on the file's weights, not a second rounding of them.
 
 Our own kernel (inferd.models.int4_kernel) takes the weights instead where it builds, with d and m in fp16 as the
-file has them: bf16 rows on AVX-512 BF16 (1.4x torch's kernel at one row, 1.6-2.1x at more, on a Zen 4), float32
-rows on AVX2, where bf16 is emulated and torch's kernel slow (benchmarks/int4_linear.py). Where the CPU has VNNI
+file has them: bf16 rows on AVX-512 BF16 and VNNI (1.4x torch's kernel at one row, 1.6-2.1x at more, on a Zen 4),
+float32 rows on AVX2, where bf16 is emulated and torch's kernel slow (benchmarks/int4_linear.py); both round their
+inputs to 16 bits a group and multiply the nibbles as integers. Where the CPU has VNNI
 (without AMX), bf16 rows from `int8_rows` rows on are rounded to int8 a group and multiplied as integers
 (inferd.models.cpu.int4_int8_rows).
 

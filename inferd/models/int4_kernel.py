@@ -1,27 +1,25 @@
-"""Q4_1 linears: bf16 rows on AVX-512 BF16 (the 4-bit weights widened to bf16 in registers), float32 rows on AVX2
-(the weights multiplied as integers by inputs rounded to 16 bits a group), bf16 rows rounded to int8 on AVX-512
-VNNI. One layout for all.
+"""Q4_1 linears: bf16 rows on AVX-512 VNNI and float32 rows on AVX2 (the weights multiplied as integers by inputs
+rounded to 16 bits a group), bf16 rows rounded to int8 on AVX-512 VNNI. One layout for all.
 
 Layout (`pack_panels`): panels of 16 output channels; in each, groups of 32 weights along K as 256 bytes of
-nibbles, ordered so that one 32-byte load holds two bf16 dot-product operands (vdpbf16ps adds the products of a
-pair of inputs to 16 outputs at once): byte i of chunk c holds, low nibble, the weight of output i / 2 at input
-2 c + i % 2 of the group, high nibble the one at input 2 (c + 8) + i % 2. Each group's d and m stay fp16, as a Q4_1
-file stores them, 64 bytes beside its 256: 5 bits a weight, the file's own size, and y = sum_g d_g (q . x)_g +
-m_g (sum of x)_g.
+nibbles, ordered so that one 32-byte load widened to 16 bits holds two dot-product operands (a lane of two words
+adds the products of a pair of inputs to one output): byte i of chunk c holds, low nibble, the weight of output
+i / 2 at input 2 c + i % 2 of the group, high nibble the one at input 2 (c + 8) + i % 2. Each group's d and m stay
+fp16, as a Q4_1 file stores them, 64 bytes beside its 256: 5 bits a weight, the file's own size, and
+y = sum_g d_g (q . x)_g + m_g (sum of x)_g.
 
-bf16 rows: exact against the file's weights up to float32 accumulation. The bytes are widened to 16 bits straight
-from memory, and a nibble becomes its bf16 by a lookup of the word's low 5 bits in a table of 0..15 written twice
-(vpermw: no mask for the low nibble, one shift for the high; a bf16 of 128 + q by one bitwise op was as fast, but
-its m - 128 d correction cost float32 bits: 0.1-0.3 % of its outputs were a bf16 step off the nearest, none of
-these). Several accumulators per row keep the dot products' latency hidden. Up to 8 rows share each widened
-weight; more rows run in tiles of at most 8, as even as possible, over the same panel (it stays in L1/L2). On a
-2-core AVX-512 BF16 EPYC (Zen 4), SmolLM2's 120 layer linears at one row: 2.9 ms (23 GB/s) against torch's
-`_weight_int4pack_mm_for_cpu` 4.4 ms, 1.6-2.1x from 2 rows on, and faster than the dense bf16 copy up to 64 rows
-(benchmarks/results/int4-linear-zen4.md).
+bf16 rows (AVX-512 BF16 and VNNI): the float32 rows' arithmetic below on 512-bit registers, vpdpwssd adding a
+lane's two products of nibble and 16-bit input to it: the file's weights times the inputs rounded to 16 bits a
+group, exactly up to float32 sums (the bf16 nearest that sum on all but 1 in ~10,000 outputs). Until 2026-12-05
+the nibbles were widened to bf16 by a table lookup (vpermw) and multiplied by the bf16 inputs on vdpbf16ps, exact
+against the unrounded inputs: 12 instructions for 128 weights at one row against 9, and from the caches 25-28 GB/s
+a core against 29-34 on a Zen 4 (benchmarks/results/int16-inputs-ab-int4-zen4.json). Several accumulators per row
+keep the products' latency hidden. Up to 8 rows share each widened weight; more rows run in tiles of at most 8,
+as even as possible, over the same panel (it stays in L1/L2).
 
 float32 rows (AVX2, where bf16 is emulated and slow): each group of 32 inputs is rounded to 16-bit integers on its
-own scale (its largest |x| to 32767: an input moves by at most 1/65534 of that, where bf16 rows move each input by
-up to 1/512 of itself), and vpmaddwd multiplies them by the nibbles widened to 16 bits, two products a lane summed
+own scale (its largest |x| to 32767: an input moves by at most 1/65534 of that, where rounding it to bf16 moves it
+by up to 1/512 of itself), and vpmaddwd multiplies them by the nibbles widened to 16 bits, two products a lane summed
 exactly in 32 bits: no nibble is converted to float (converting each, the loops ran at half the speed: an and, a
 conversion and an FMA for 8 products). Up to 4 rows share each widened weight. Measured in AVX2 code on the Zen 4
 (benchmarks/int4_linear.py --dtype float32 --march haswell): the 120 linears at one row 1.2x as fast as our int8
@@ -57,15 +55,15 @@ SOURCE = r"""
 #include <type_traits>
 #include <vector>
 
-bool int4_linear_bf16_native() {  // bf16 rows: AVX-512 BF16
-#if defined(__AVX512BF16__)
+bool int4_linear_bf16_native() {  // bf16 rows: AVX-512 BF16 and VNNI
+#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
   return true;
 #else
   return false;
 #endif
 }
 
-bool int4_linear_int8_native() {  // bf16 rows rounded to int8 a group: AVX-512 VNNI and BF16
+bool int4_linear_int8_native() {  // bf16 rows rounded to int8 a group: AVX-512 VNNI and BF16 (as bf16 rows)
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
   return true;
 #else
@@ -89,58 +87,68 @@ static void by_rows(int64_t rows, const F& f) {
   f(std::integral_constant<int, MAX>{});
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 using bf16 = uint16_t;
-
-static inline __m512bh pair(const bf16* p) {  // inputs p[0], p[1] in every lane pair
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return (__m512bh)_mm512_set1_epi32(v);
-}
 
 static inline __m512 widen(const bf16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
-// R rows (x: [R, K] at stride K, xsum: [R, G]) against one panel: y[r, n0 .. n0 + 16) (+ bias); A accumulators a
-// row (4 hide the dot products' latency at one row; 2 leave registers for 8 rows)
+// One group of 32 bf16 inputs -> 16-bit integers on the group's scale (its largest |x| to 32767; returned: the value
+// of one step) and the group's exact sum
+static inline float quantize_group16(const bf16* x, int16_t* q, float* sum) {
+  const __m512 a = widen(x), b = widen(x + 16);
+  *sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+  const float largest = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(a)), _mm512_reduce_max_ps(_mm512_abs_ps(b)));
+  float inverse = 32767.0f / largest;
+  if (!(inverse < INFINITY)) inverse = 0.0f;  // all zero, or too small for a finite scale (the m term keeps its sum)
+  _mm256_storeu_si256((__m256i*)q, _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inverse)))));
+  _mm256_storeu_si256((__m256i*)(q + 16),
+                      _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inverse)))));
+  return largest / 32767.0f;
+}
+
+// R rows (xq: [R, K] int16 at stride K; xscale, xsum: [R, G]) against one panel: y[r, n0 .. n0 + 16) (+ bias), the
+// AVX2 loop's arithmetic on AVX-512 VNNI: vpdpwssd adds a lane's two nibble x int16 products to it exactly in 32 bits;
+// A accumulators a row (4 hide the products' latency at one row; 2 leave registers for 8 rows)
 template <int R, int A>
-static void panel_rows(const uint8_t* w, const uint16_t* dm, int64_t G, const bf16* x, int64_t K, const float* xsum,
-                       const float* bias, bf16* y, int64_t N, int64_t n0, __m512i table) {
+static void panel_rows(const uint8_t* w, const uint16_t* dm, int64_t G, const int16_t* xq, int64_t K,
+                       const float* xscale, const float* xsum, const float* bias, bf16* y, int64_t N, int64_t n0) {
+  const __m512i low = _mm512_set1_epi16(0xF);
   __m512 out[R];
   for (int r = 0; r < R; ++r) out[r] = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* b = w + g * 256;
-    __m512 acc[R][A];
+    __m512i acc[R][A];
     for (int r = 0; r < R; ++r)
-      for (int a = 0; a < A; ++a) acc[r][a] = _mm512_setzero_ps();
+      for (int a = 0; a < A; ++a) acc[r][a] = _mm512_setzero_si512();
     #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
       const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b + c * 32)));
-      const __m512bh wlo = (__m512bh)_mm512_permutexvar_epi16(v, table);
-      const __m512bh whi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table);
+      const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_srli_epi16(v, 4);
       const int a = A == 4 ? (c & 1) * 2 : 0;
       for (int r = 0; r < R; ++r) {
-        const bf16* xr = x + r * K + g * 32;
-        acc[r][a] = _mm512_dpbf16_ps(acc[r][a], wlo, pair(xr + 2 * c));
-        acc[r][a + 1] = _mm512_dpbf16_ps(acc[r][a + 1], whi, pair(xr + 2 * (c + 8)));
+        const int16_t* xr = xq + r * K + g * 32 + 2 * c;
+        int32_t pair_lo, pair_hi;
+        std::memcpy(&pair_lo, xr, 4);
+        std::memcpy(&pair_hi, xr + 16, 4);
+        acc[r][a] = _mm512_dpwssd_epi32(acc[r][a], lo, _mm512_set1_epi32(pair_lo));
+        acc[r][a + 1] = _mm512_dpwssd_epi32(acc[r][a + 1], hi, _mm512_set1_epi32(pair_hi));
       }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + g * 32)));
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + g * 32 + 16)));
     for (int r = 0; r < R; ++r) {
-      __m512 s = _mm512_add_ps(acc[r][0], acc[r][1]);
-      if constexpr (A == 4) s = _mm512_add_ps(s, _mm512_add_ps(acc[r][2], acc[r][3]));
-      out[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * G + g]), _mm512_fmadd_ps(s, d, out[r]));
+      __m512i s = _mm512_add_epi32(acc[r][0], acc[r][1]);
+      if constexpr (A == 4) s = _mm512_add_epi32(s, _mm512_add_epi32(acc[r][2], acc[r][3]));
+      out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(xscale[r * G + g])),
+                               _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * G + g]), out[r]));
     }
   }
   const __mmask16 mask = (__mmask16)((1u << std::min<int64_t>(16, N - n0)) - 1);
   for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(y + r * N + n0, mask, (__m256i)_mm512_cvtneps_pbh(out[r]));
 }
-
-
-#if defined(__AVX512VNNI__)
 // bf16 rows rounded to int8 a group (int4_linear_int8): 32 inputs -> int8 on their own scale (largest |x| / 127),
 // returned, and the sum of the rounded values times it: the m term then sees the same inputs as the d term, whose
 // rounding errors meet the weights d q + m (centred on 0), not the nibbles q alone (3x the error on the exact sum)
@@ -199,8 +207,6 @@ static void panel_rows_i8(const uint8_t* w, const uint16_t* dm, int64_t G, const
   const __mmask16 mask = (__mmask16)((1u << std::min<int64_t>(16, N - n0)) - 1);
   for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(y + r * N + n0, mask, (__m256i)_mm512_cvtneps_pbh(out[r]));
 }
-
-#endif
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -315,29 +321,27 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (bf || x.scalar_type() == torch::kFloat32),
               "x: contiguous [M, K] bf16 or float32");
   TORCH_CHECK(bf ? int4_linear_bf16_native() : int4_linear_fp32_native(),
-              bf ? "bf16 rows need a build with AVX-512 BF16" : "float32 rows need a build with AVX2 and FMA");
+              bf ? "bf16 rows need a build with AVX-512 BF16 and VNNI" : "float32 rows need a build with AVX2 and FMA");
   check_weights(x, w, dm, bias, N);
   const int64_t M = x.size(0), K = x.size(1), P = w.size(0), G = w.size(1);
   auto y = torch::empty({M, N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const uint16_t* dp = (const uint16_t*)dm.data_ptr();
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
   if (bf) {
     const bf16* xp = (const bf16*)x.data_ptr();
-    std::vector<float> xsum(M * G);
+    std::vector<int16_t> xq(M * K);
+    std::vector<float> xscale(M * G), xsum(M * G);
     for (int64_t r = 0; r < M; ++r)
       for (int64_t g = 0; g < G; ++g)
-        xsum[r * G + g] = _mm512_reduce_add_ps(_mm512_add_ps(widen(xp + r * K + g * 32), widen(xp + r * K + g * 32 + 16)));
-    alignas(64) uint16_t values[32];  // bf16 of 0..15 (twice over)
-    for (int i = 0; i < 32; ++i) values[i] = __builtin_bit_cast(uint32_t, float(i & 15)) >> 16;
-    const __m512i table = _mm512_load_si512(values);
+        xscale[r * G + g] = quantize_group16(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
     bf16* yp = (bf16*)y.data_ptr();
     panels_by_tiles(P, M, 8, [&](int64_t p, int64_t r, int64_t rows) {
       by_rows<8>(rows, [&](auto R) {  // 4 accumulators a row hide the products' latency; 2 leave registers for 8
         constexpr int Rows = decltype(R)::value;
-        panel_rows<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xp + r * K, K, xsum.data() + r * G,
-                                            bp, yp + r * N, N, p * 16, table);
+        panel_rows<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
+                                            xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16);
       });
     });
   }

@@ -115,52 +115,47 @@ def test_int4_linear_matches_dequantized_reference(kernel, rows, out_features, i
     assert layer.exact is False  # random weights are not Q4_1 blocks
 
 
-def rounded_to_16_bits(x: torch.Tensor) -> torch.Tensor:
-    """float32 rows as our AVX2 loops multiply them: each group of 32 on 32767 steps of its largest |x|."""
-    groups = x.double().view(x.shape[0], -1, GROUP)
-    step = groups.abs().amax(-1, keepdim=True) / 32767
-    return (torch.round(groups / torch.where(step > 0, step, 1.0)) * step).view(x.shape)
+def rounded_to(x: torch.Tensor, steps: int) -> torch.Tensor:
+    """Rows as our kernel rounds them (float32 rows on AVX2 and bf16 rows on AVX-512 VNNI to 32767 steps,
+    int4_linear_int8 to 127): each group of 32 on `steps` steps of its largest |x|, in the kernel's float32
+    arithmetic (a scale's inverse, a product, the nearest even)."""
+    groups = x.float().view(x.shape[0], -1, GROUP)
+    largest = groups.abs().amax(-1, keepdim=True)
+    inverse = torch.where(largest > 0, torch.full_like(largest, float(steps)) / largest, 0.0)  # steps * (1 / t)
+    return (torch.round(groups * inverse).double() * (largest / steps).double()).view(x.shape)
 
 
 @pytest.mark.parametrize("kernel", OURS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17])
 @pytest.mark.parametrize("n,k", [(16, 32), (17, 64), (1, 32), (100, 160), (960, 576)])
 def test_our_kernel_on_q4_1_file_values_is_float32_accurate(kernel, rows, n, k):
-    """Q4_1 weights as a file has them (fp16 d and m): our kernel computes them exactly, so against a float64
-    reference it is off by its float32 sums and, bf16 rows, the bf16 rounding of its output, float32 rows, the
-    16-bit rounding of its inputs only."""
+    """Q4_1 weights as a file has them (fp16 d and m): our kernel multiplies them exactly by the inputs rounded to
+    16 bits a group (the m term by their exact sum), so it is off by its float32 sums, that rounding and, bf16 rows,
+    the bf16 rounding of its output."""
     march, dtype = kernel
     w, q, d, m = q4_1_file_values(n, k, seed=rows + n)
     nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
     bias = torch.randn(nibbles.shape[0] * 16)
     x = torch.randn(rows, k).to(dtype)
+    x[0, :GROUP] = 0  # a group's step is 0
     ref = x.double() @ w.double().t() + bias[:n].double()
     out = load_int4_kernel(march).int4_linear(x, nibbles, dm, bias, n)
     assert out.shape == (rows, n) and out.dtype == dtype
-    if dtype is torch.float32:  # exact for the inputs rounded to 16 bits a group (m takes their exact sum)
-        rounded = rounded_to_16_bits(x)
-        exact_for_rounded = rounded @ (w.double() - m.double().repeat_interleave(GROUP, 1)).t() + (
-            x.double().view(rows, -1, GROUP).sum(-1) @ m.double().t()) + bias[:n].double()
+    exact_for_rounded = rounded_to(x, 32767) @ (w.double() - m.double().repeat_interleave(GROUP, 1)).t() + (
+        x.double().view(rows, -1, GROUP).sum(-1) @ m.double().t()) + bias[:n].double()
+    if dtype is torch.float32:
         torch.testing.assert_close(out.double(), exact_for_rounded, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
         torch.testing.assert_close(out.double(), ref, rtol=1e-3, atol=2e-4 * ref.abs().max().item())
         return
     torch.testing.assert_close(out.double(), ref, rtol=2 ** -8, atol=1e-4 * ref.abs().max().item())
     torch.testing.assert_close(out, ref.bfloat16(), rtol=2 ** -7, atol=1e-4 * ref.abs().max().item())
-    assert (out == ref.bfloat16()).float().mean() >= 0.999  # float32 sums: the bf16 nearest the exact sum, all but never
+    # float32 sums of the rounded inputs: the bf16 nearest their exact sum, all but never
+    assert (out == exact_for_rounded.bfloat16()).float().mean() >= 0.999
 
 
 def int8_inputs() -> bool:
     kernel = load_int4_kernel()
     return kernel is not None and kernel.int4_linear_int8_native()
-
-
-def rounded_to_int8(x: torch.Tensor) -> torch.Tensor:
-    """bf16 rows as int4_linear_int8 multiplies them: each group of 32 on 127 steps of its largest |x|, the same
-    float32 arithmetic as the kernel's (a scale's inverse, a product, the nearest even)."""
-    groups = x.float().view(x.shape[0], -1, GROUP)
-    largest = groups.abs().amax(-1, keepdim=True)
-    inverse = torch.where(largest > 0, torch.full_like(largest, 127.0) / largest, 0.0)  # (127 / t is 127 * (1 / t))
-    return (torch.round(groups * inverse).double() * (largest / 127).double()).view(x.shape)
 
 
 @pytest.mark.skipif(not int8_inputs(), reason="no AVX-512 VNNI and BF16 here")
@@ -176,7 +171,7 @@ def test_int8_inputs_are_exact_for_the_rounded_inputs(rows, n, k):
     x[0, :GROUP] = 0  # a group's step is 0
     out = load_int4_kernel().int4_linear_int8(x, nibbles, dm, bias, n)
     assert out.shape == (rows, n) and out.dtype == torch.bfloat16
-    exact = rounded_to_int8(x) @ w.double().t() + bias[:n].double()
+    exact = rounded_to(x, 127) @ w.double().t() + bias[:n].double()
     torch.testing.assert_close(out.double(), exact, rtol=2 ** -8, atol=1e-4 * exact.abs().max().item())
     ref = x.double() @ w.double().t() + bias[:n].double()
     assert (out.double() - ref).norm() <= 0.02 * ref.norm()
