@@ -62,11 +62,12 @@ def int4_max_rows(own_kernel: bool, float32_rows: bool = False) -> int:
 
 def int4_int8_rows() -> int | None:
     """Rows from which our int4 kernel rounds bf16 rows to int8 a group of 32 and multiplies them on VNNI
-    (int4_linear_int8, llama.cpp's Q4_1 x Q8_1) instead of widening the nibbles to bf16; None: never. On a Zen 4
-    (AVX-512 BF16 + VNNI), SmolLM2's 120 layer linears: 1.04-1.07x the bf16 rows' speed at 1-3 rows, 1.12x at 4,
-    1.2x at 6-8, 1.39x at 64, at 3x their error against the file's weights (0.54 % against 0.17 %,
-    benchmarks/results/int4-int8-inputs-zen4.md): below 4 rows the bf16 rows, exact against the file, cost little.
-    Not measured where AMX multiplies bf16 (int4_max_rows is 2 there)."""
+    (int4_linear_int8, llama.cpp's Q4_1 x Q8_1) instead of to 16 bits (its bf16 rows); None: never. On a Zen 4
+    (AVX-512 BF16 + VNNI), SmolLM2's 120 layer linears from memory: 1.02-1.09x the bf16 rows' speed at 1-3 rows,
+    1.26x at 4, 1.43-1.45x at 6-16 (benchmarks/results/int4-int8-inputs-after-int16-rows-zen4.md; 1.04-1.12x at
+    1-4 against the bf16 rows' vdpbf16ps loops before 2026-12-05), at 3x their error against the file's weights
+    (0.54 % against 0.17 %): below 4 rows the bf16 rows cost little. Not measured where AMX multiplies bf16
+    (int4_max_rows is 2 there)."""
     flags = cpu_flags()
     return 4 if {"avx512_vnni", "avx512_bf16"} <= flags and "amx_bf16" not in flags else None
 
