@@ -6,8 +6,8 @@ Prefill: one 1,024-token prompt, tokens / time to its first token.
 transformers runs its own KV cache (DynamicCache) in a manual loop, prefill with logits_to_keep=1.
 inferd runs each of --formats (dtype:quantization), the same process and weights; every inferd format and
 transformers dtype takes its turn in each repeat (round by round), so a shared machine's drift hits all alike.
-Each figure is also a share of this machine's limits (benchmarks/limits.py), measured after every round and
-taken as their medians.
+Each figure is also a share of this machine's limits (benchmarks/limits.py), measured after every round: against
+their medians, and each round against the limits measured right after it (the median of those: "paired").
 
     python benchmarks/engine.py --out benchmarks/results/engine.json
     python benchmarks/engine.py --formats bfloat16:none,float32:none,float32:int8,auto:int4,auto:auto \
@@ -205,8 +205,11 @@ def main() -> None:
     result["machine"]["load_average_after"] = _loadavg()
     result["limits_runs"] = limit_runs
     result["limits"] = limits.median_limits(limit_runs)
+    rounds, blocks = max(repeats.values()), ["prefill", *(f"decode B={b}" for b in batches)]
+    round_limits = {what: limit_runs[i * rounds:(i + 1) * rounds] for i, what in enumerate(blocks)}  # as they ran
     for name, engine in engines.items():
-        result["inferd"][name]["share_of_limit"] = shares(result["inferd"][name], engine, result["limits"])
+        result["inferd"][name]["share_of_limit"] = shares(result["inferd"][name], engine, result["limits"],
+                                                          round_limits)
     print(_table(result))
     print(_share_table(result))
     if args.out:
@@ -214,14 +217,21 @@ def main() -> None:
             json.dump(result, f, indent=2)
 
 
-def shares(row: dict, engine: LLMEngine, machine: dict) -> dict:
-    """Each figure of row as a share of this machine's limits (benchmarks/limits.py)."""
+def shares(row: dict, engine: LLMEngine, machine: dict, rounds: dict[str, list[dict]]) -> dict:
+    """Each figure of row as a share of this machine's limits (benchmarks/limits.py): against the run's median
+    limits (of_limit), and each round against the limits measured right after it, their median (of_limit_paired:
+    this machine's read bandwidth moves between ~35 and ~70 GB/s within minutes, so a round and a limit measured
+    in different modes say little of each other)."""
     net, kv = engine.runner.model, engine.runner.kv_cache.element_size()
-    out = {"prefill": limits.share(limits.prefill_cost(net, PREFILL_LEN),
-                                   PREFILL_LEN / row["prefill"]["median_tok_s"], machine, engine.dtype)}
-    for b, d in row["decode"].items():
-        cost = limits.decode_step_cost(net, int(b), PROMPT_LEN + NEW_TOKENS // 2, kv)  # the decode's mean context
-        out[f"decode B={b}"] = limits.share(cost, int(b) / d["median_tok_s"], machine, engine.dtype) | {
+    figures = {"prefill": (row["prefill"], limits.prefill_cost(net, PREFILL_LEN), PREFILL_LEN)}
+    for b, d in row["decode"].items():  # the decode's mean context
+        figures[f"decode B={b}"] = (d, limits.decode_step_cost(net, int(b), PROMPT_LEN + NEW_TOKENS // 2, kv), int(b))
+    out = {}
+    for what, (figure, cost, tokens) in figures.items():
+        paired = [limits.share(cost, tokens / tok_s, limit, engine.dtype)["of_limit"]
+                  for tok_s, limit in zip(figure["runs_tok_s"], rounds[what])]
+        out[what] = limits.share(cost, tokens / figure["median_tok_s"], machine, engine.dtype) | {
+            "of_limit_paired": round(statistics.median(paired), 3), "of_limit_rounds": paired,
             "bytes_per_step_mb": round(cost["bytes"] / 1e6, 1), "gflop_per_step": round(cost["flop"] / 1e9, 2)}
     return out
 
@@ -230,12 +240,14 @@ def _share_table(r: dict) -> str:
     m = r["limits"]
     peaks = ", ".join(f"{d} {v:,.0f} GFLOP/s" for d, v in m["matmul_peak_gflop_s"].items())
     rows = [f"Share of this machine's limit (read bandwidth {m['read_bandwidth_gb_s']} GB/s; matmul peaks {peaks}): "
-            "max(memory, compute), the bound in brackets", "",
+            "max(memory, compute), the bound in brackets; then the median of each round's share against the limits "
+            "measured right after it", "",
             "| share of limit | " + " | ".join(f"inferd {f}" for f in r["inferd"]) + " |",
             "|---" * (len(r["inferd"]) + 1) + "|"]
     for what in r["inferd"][next(iter(r["inferd"]))]["share_of_limit"]:
         cells = [r["inferd"][f]["share_of_limit"][what] for f in r["inferd"]]
-        rows.append(f"| {what} | " + " | ".join(f"{c['of_limit']:.0%} ({c['bound']})" for c in cells) + " |")
+        rows.append(f"| {what} | " + " | ".join(f"{c['of_limit']:.0%} ({c['bound']}); {c['of_limit_paired']:.0%} paired"
+                                                for c in cells) + " |")
     return "\n".join(rows)
 
 
