@@ -109,46 +109,6 @@ static inline float quantize_group16(const bf16* x, int16_t* q, float* sum) {
   return largest / 32767.0f;
 }
 
-// R rows (xq: [R, K] int16 at stride K; xscale, xsum: [R, G]) against one panel: y[r, n0 .. n0 + 16) (+ bias), the
-// AVX2 loop's arithmetic on AVX-512 VNNI: vpdpwssd adds a lane's two nibble x int16 products to it exactly in 32 bits;
-// A accumulators a row (4 hide the products' latency at one row; 2 leave registers for 8 rows)
-template <int R, int A>
-static void panel_rows(const uint8_t* w, const uint16_t* dm, int64_t G, const int16_t* xq, int64_t K,
-                       const float* xscale, const float* xsum, const float* bias, bf16* y, int64_t N, int64_t n0) {
-  const __m512i low = _mm512_set1_epi16(0xF);
-  __m512 out[R];
-  for (int r = 0; r < R; ++r) out[r] = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    const uint8_t* b = w + g * 256;
-    __m512i acc[R][A];
-    for (int r = 0; r < R; ++r)
-      for (int a = 0; a < A; ++a) acc[r][a] = _mm512_setzero_si512();
-    #pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) {
-      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b + c * 32)));
-      const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_srli_epi16(v, 4);
-      const int a = A == 4 ? (c & 1) * 2 : 0;
-      for (int r = 0; r < R; ++r) {
-        const int16_t* xr = xq + r * K + g * 32 + 2 * c;
-        int32_t pair_lo, pair_hi;
-        std::memcpy(&pair_lo, xr, 4);
-        std::memcpy(&pair_hi, xr + 16, 4);
-        acc[r][a] = _mm512_dpwssd_epi32(acc[r][a], lo, _mm512_set1_epi32(pair_lo));
-        acc[r][a + 1] = _mm512_dpwssd_epi32(acc[r][a + 1], hi, _mm512_set1_epi32(pair_hi));
-      }
-    }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + g * 32)));
-    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + g * 32 + 16)));
-    for (int r = 0; r < R; ++r) {
-      __m512i s = _mm512_add_epi32(acc[r][0], acc[r][1]);
-      if constexpr (A == 4) s = _mm512_add_epi32(s, _mm512_add_epi32(acc[r][2], acc[r][3]));
-      out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(xscale[r * G + g])),
-                               _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * G + g]), out[r]));
-    }
-  }
-  const __mmask16 mask = (__mmask16)((1u << std::min<int64_t>(16, N - n0)) - 1);
-  for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(y + r * N + n0, mask, (__m256i)_mm512_cvtneps_pbh(out[r]));
-}
 // bf16 rows rounded to int8 a group (int4_linear_int8): 32 inputs -> int8 on their own scale (largest |x| / 127),
 // returned, and the sum of the rounded values times it: the m term then sees the same inputs as the d term, whose
 // rounding errors meet the weights d q + m (centred on 0), not the nibbles q alone (3x the error on the exact sum)
@@ -166,14 +126,18 @@ static inline float quantize_group8(const bf16* x, int8_t* q, float* sum) {
   return step;
 }
 
-// R int8 rows against one panel: 64 bytes of nibbles (chunks c, c + 1) put in lane order by one word permute (lane
-// j: output j's nibbles at inputs 2c .. 2c + 3 low, 2c + 16 .. 2c + 19 high), then vpdpbusd adds 4 products of
-// nibble and int8 input a lane, exactly in 32 bits
-template <int R, int A>
-static void panel_rows_i8(const uint8_t* w, const uint16_t* dm, int64_t G, const int8_t* xq, int64_t K,
-                          const float* xscale, const float* xsum, const float* bias, bf16* y, int64_t N, int64_t n0,
-                          __m512i order) {
-  const __m512i low = _mm512_set1_epi8(0xF);
+// R rows (xq: [R, K] at stride K, int16 or int8; xscale, xsum: [R, G]) against one panel: y[r, n0 .. n0 + 16)
+// (+ bias); A accumulators a row (4 hide the products' latency at one row; 2 leave registers for 8 rows).
+// int16 inputs (bf16 rows): the AVX2 loop's arithmetic on AVX-512 VNNI, a 32-byte chunk widened to words, and
+// vpdpwssd adds a lane's two nibble x input products to it exactly in 32 bits.
+// int8 inputs (int4_linear_int8): 64 bytes of nibbles (chunks c, c + 1) put in lane order by one word permute (lane
+// j: output j's nibbles at inputs 2c .. 2c + 3 low, 2c + 16 .. 2c + 19 high), and vpdpbusd adds 4 products a lane.
+template <int R, int A, typename Q>
+static void panel_rows(const uint8_t* w, const uint16_t* dm, int64_t G, const Q* xq, int64_t K, const float* xscale,
+                       const float* xsum, const float* bias, bf16* y, int64_t N, int64_t n0, __m512i order) {
+  constexpr bool I8 = std::is_same_v<Q, int8_t>;
+  constexpr int STEPS = I8 ? 4 : 8, INPUTS = I8 ? 4 : 2;  // a group's loads; inputs each takes of the low nibbles
+  const __m512i low = I8 ? _mm512_set1_epi8(0xF) : _mm512_set1_epi16(0xF);
   __m512 out[R];
   for (int r = 0; r < R; ++r) out[r] = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
@@ -181,18 +145,29 @@ static void panel_rows_i8(const uint8_t* w, const uint16_t* dm, int64_t G, const
     __m512i acc[R][A];
     for (int r = 0; r < R; ++r)
       for (int a = 0; a < A; ++a) acc[r][a] = _mm512_setzero_si512();
-    #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      const __m512i v = _mm512_permutexvar_epi16(order, _mm512_loadu_si512(b + i * 64));
-      const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    #pragma GCC unroll 8
+    for (int i = 0; i < STEPS; ++i) {
+      __m512i lo, hi;
+      if constexpr (I8) {
+        const __m512i v = _mm512_permutexvar_epi16(order, _mm512_loadu_si512(b + i * 64));
+        lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      } else {
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b + i * 32)));
+        lo = _mm512_and_si512(v, low), hi = _mm512_srli_epi16(v, 4);
+      }
       const int a = A == 4 ? (i & 1) * 2 : 0;
       for (int r = 0; r < R; ++r) {
-        const int8_t* xr = xq + r * K + g * 32 + 4 * i;
-        int32_t four_lo, four_hi;
-        std::memcpy(&four_lo, xr, 4);
-        std::memcpy(&four_hi, xr + 16, 4);
-        acc[r][a] = _mm512_dpbusd_epi32(acc[r][a], lo, _mm512_set1_epi32(four_lo));
-        acc[r][a + 1] = _mm512_dpbusd_epi32(acc[r][a + 1], hi, _mm512_set1_epi32(four_hi));
+        const Q* xr = xq + r * K + g * 32 + INPUTS * i;
+        int32_t x_lo, x_hi;  // the inputs of the low nibbles, and of the high ones 16 further
+        std::memcpy(&x_lo, xr, 4);
+        std::memcpy(&x_hi, xr + 16, 4);
+        if constexpr (I8) {
+          acc[r][a] = _mm512_dpbusd_epi32(acc[r][a], lo, _mm512_set1_epi32(x_lo));
+          acc[r][a + 1] = _mm512_dpbusd_epi32(acc[r][a + 1], hi, _mm512_set1_epi32(x_hi));
+        } else {
+          acc[r][a] = _mm512_dpwssd_epi32(acc[r][a], lo, _mm512_set1_epi32(x_lo));
+          acc[r][a + 1] = _mm512_dpwssd_epi32(acc[r][a + 1], hi, _mm512_set1_epi32(x_hi));
+        }
       }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dm + g * 32)));
@@ -207,6 +182,7 @@ static void panel_rows_i8(const uint8_t* w, const uint16_t* dm, int64_t G, const
   const __mmask16 mask = (__mmask16)((1u << std::min<int64_t>(16, N - n0)) - 1);
   for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi16(y + r * N + n0, mask, (__m256i)_mm512_cvtneps_pbh(out[r]));
 }
+
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -341,7 +317,8 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
       by_rows<8>(rows, [&](auto R) {  // 4 accumulators a row hide the products' latency; 2 leave registers for 8
         constexpr int Rows = decltype(R)::value;
         panel_rows<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
-                                            xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16);
+                                            xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16,
+                                            _mm512_setzero_si512());
       });
     });
   }
@@ -390,9 +367,9 @@ torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor d
   panels_by_tiles(P, M, 8, [&](int64_t p, int64_t r, int64_t rows) {
     by_rows<8>(rows, [&](auto R) {
       constexpr int Rows = decltype(R)::value;
-      panel_rows_i8<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
-                                             xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16,
-                                             order);
+      panel_rows<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
+                                            xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16,
+                                            order);
     });
   });
 #endif
