@@ -10,7 +10,7 @@ y = sum_g d_g (q . x)_g + m_g (sum of x)_g.
 
 bf16 rows (AVX-512 BF16 and VNNI): the float32 rows' arithmetic below on 512-bit registers, vpdpwssd adding a
 lane's two products of nibble and 16-bit input to it: the file's weights times the inputs rounded to 16 bits a
-group, exactly up to float32 sums (the bf16 nearest that sum on all but 1 in ~10,000 outputs). Until 2026-12-05
+group, exactly up to float32 sums (the bf16 nearest that sum on all but 1 in 36,000 outputs of a scratch count). Until 2026-12-05
 the nibbles were widened to bf16 by a table lookup (vpermw) and multiplied by the bf16 inputs on vdpbf16ps, exact
 against the unrounded inputs: 12 instructions for 128 weights at one row against 9, and from the caches 25-28 GB/s
 a core against 29-34 on a Zen 4 (benchmarks/results/int16-inputs-ab-int4-zen4.json). Several accumulators per row
