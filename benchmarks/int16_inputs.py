@@ -1,9 +1,10 @@
 """bf16 rows multiplied as 16-bit integers (vpdpwssd) against the loops of --baseline REV, in one process:
-SmolLM2-135M's int4 layer linears at 1-3 rows and its int8 lm_head at one row, the same packed weights.
+SmolLM2-135M's int4 layer linears and its int8 lm_head at 1-3 rows, the same packed weights.
 
 Since 2026-12-05 our int4 kernel's bf16 rows and the int8 kernel's one row on AVX-512 VNNI round their inputs to
 16-bit integers a group of 32 and multiply them on vpdpwssd (inferd/models/int4_kernel.py, quant.py); before, the
-nibbles were widened to bf16 (vdpbf16ps) and the int8 weights to float32 (FMAs). Two measures of each, the
+nibbles were widened to bf16 (vdpbf16ps) and the int8 weights to float32 (FMAs). The lm_head's 2-3 rows
+moved to the 16-bit loops later the same day (d3fb2a4 and before: one row only). Two measures of each, the
 candidates taking turns, medians of --repeats:
 
 - from memory: all 120 layer linears in a row (66 MB), and lm_head (28 MB) after them, as a decode step reads them;
@@ -66,7 +67,7 @@ def main() -> None:
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                           "read_bandwidth_gb_s": round(limits.read_bandwidth(huge_pages=True) / 1e9, 1)},
-              "baseline": args.baseline, "linears": {}, "lm_head": {}}
+              "baseline": args.baseline, "linears": {}, "lm_head": {}, "lm_head_bytes": head.weight.nbytes}
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
             xs = [torch.randn(m, layer.in_features).bfloat16() for layer in layers]
@@ -80,19 +81,20 @@ def main() -> None:
                 "from_memory_gb_s": {n: round(sum(four_bit) / s / 1e9, 1) for n, s in cold.items()},
                 "hot_gb_s": {n: round(30 * sum(four_bit[:4]) / s / 1e9, 1) for n, s in hot.items()}}
             print(f"linears, rows {m}: {result['linears'][m]}", flush=True)
-        x = torch.randn(1, head.in_features)
-        heads = {name: lambda k=k: k.int8_linear(x, head.weight, head.scale, head.bias, head.out_features, 12)
-                 for name, k in int8.items()}
-        part = head.weight[:128].contiguous(), head.scale[:2048].contiguous()  # 128 panels: 2,048 channels
-        parts = {name: lambda k=k: [k.int8_linear(x, *part, head.bias, 2048, 12) for _ in range(20)]
-                 for name, k in int8.items()}
         xs = [torch.randn(1, layer.in_features).bfloat16() for layer in layers]
         layers_first = lambda: [int4["today"].int4_linear(x4, *a) for x4, a in zip(xs, args4)]  # noqa: E731
-        cold = seconds_each(heads, args.repeats, before=layers_first)  # the layers' 66 MB push lm_head out
-        hot = seconds_each(parts, args.repeats)
-        result["lm_head"] = {"bytes": head.weight.nbytes,
-                             "from_memory_gb_s": {n: round(head.weight.nbytes / s / 1e9, 1) for n, s in cold.items()},
-                             "hot_gb_s": {n: round(20 * part[0].nbytes / s / 1e9, 1) for n, s in hot.items()}}
+        part = head.weight[:128].contiguous(), head.scale[:2048].contiguous()  # 128 panels: 2,048 channels
+        for m in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(m, head.in_features)
+            heads = {name: lambda k=k: k.int8_linear(x, head.weight, head.scale, head.bias, head.out_features, 12)
+                     for name, k in int8.items()}
+            parts = {name: lambda k=k: [k.int8_linear(x, *part, head.bias, 2048, 12) for _ in range(20)]
+                     for name, k in int8.items()}
+            cold = seconds_each(heads, args.repeats, before=layers_first)  # the layers' 66 MB push lm_head out
+            hot = seconds_each(parts, args.repeats)
+            result["lm_head"][m] = {
+                "from_memory_gb_s": {n: round(head.weight.nbytes / s / 1e9, 1) for n, s in cold.items()},
+                "hot_gb_s": {n: round(20 * part[0].nbytes / s / 1e9, 1) for n, s in hot.items()}}
         print(f"lm_head: {result['lm_head']}", flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -100,7 +100,7 @@ static inline __m512 widen(const bf16* p) {
 static inline float quantize_group16(const bf16* x, int16_t* q, float* sum) {
   const __m512 a = widen(x), b = widen(x + 16);
   *sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
-  const float largest = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(a)), _mm512_reduce_max_ps(_mm512_abs_ps(b)));
+  const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
   float inverse = 32767.0f / largest;
   if (!(inverse < INFINITY)) inverse = 0.0f;  // all zero, or too small for a finite scale (the m term keeps its sum)
   _mm256_storeu_si256((__m256i*)q, _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inverse)))));
@@ -114,7 +114,7 @@ static inline float quantize_group16(const bf16* x, int16_t* q, float* sum) {
 // rounding errors meet the weights d q + m (centred on 0), not the nibbles q alone (3x the error on the exact sum)
 static inline float quantize_group8(const bf16* x, int8_t* q, float* sum) {
   const __m512 a = widen(x), b = widen(x + 16);
-  const float largest = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(a)), _mm512_reduce_max_ps(_mm512_abs_ps(b)));
+  const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
   const float step = largest / 127.0f;
   float inverse = 127.0f / largest;
   if (!(inverse < INFINITY)) inverse = 0.0f;  // all zero, or too small for a finite scale

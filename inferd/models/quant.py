@@ -8,8 +8,8 @@ to 12 rows (decode batches), or one panel at a time into an L2-sized fp32
 buffer that all rows then reuse (prefill). One row (decode of one sequence, and
 the int4 model's lm_head) runs on AVX-512 where the CPU has it: a panel is one
 register there.
-Activations stay fp32, so the only error is the weights' rounding, except at one row on AVX-512 VNNI: there
-the row is rounded to 16-bit integers a group of 32 (at most 1/65534 of the group's largest |x|) and the products
+Activations stay fp32, so the only error is the weights' rounding, except at 1-3 rows on AVX-512 VNNI: there
+each row is rounded to 16-bit integers a group of 32 (at most 1/65534 of the group's largest |x|) and the products
 are summed as integers on vpdpwssd, 1.45x the float loop's speed from the caches. Where the
 kernel cannot be built, torch's `_weight_int8pack_mm` on the same int8 values
 serves. Measured against the alternatives in benchmarks/quantization.py.
@@ -36,7 +36,7 @@ SOURCE = r"""
 #include <immintrin.h>
 #include <vector>
 
-constexpr int64_t NR = 16, MR = 6;
+constexpr int64_t NR = 16, MR = 6, VNNI_MAX_M = 3;
 
 static inline void widen16(const int8_t* p, __m256& lo, __m256& hi) {
   __m128i v = _mm_loadu_si128((const __m128i*)p);
@@ -179,14 +179,15 @@ static inline void row512(const float* x, const int8_t* panel, int64_t K, const 
 #endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-// One row on AVX-512 VNNI, K a multiple of 32: the row rounded to 16-bit integers a group of 32 on its own scale
-// (its largest |x| to 32767: an input moves by at most 1/65534 of that), then vpdpwssd adds a lane's two products
-// of weight and input exactly in 32 bits: no weight is converted to float. 32 bytes of the panel (k, k + 1) widened
-// to 16 bits and put in pairs by one word permute (lane j: channel j at k and k + 1) make 32 products in 3
-// instructions, where row512 spends 6 (widen, convert, FMA twice): 1.45x its speed from the caches on a Zen 4.
+// Up to VNNI_MAX_M rows on AVX-512 VNNI, K a multiple of 32: each row rounded to 16-bit integers a group of 32 on
+// its own scale (its largest |x| to 32767: an input moves by at most 1/65534 of that), then vpdpwssd adds a lane's two
+// products of weight and input exactly in 32 bits: no weight is converted to float. 32 bytes of the panel (k, k + 1)
+// widened to 16 bits and put in pairs by one word permute (lane j: channel j at k and k + 1) make 32 products a row
+// in 1 instruction more, where row512 spends 6 (widen, convert, FMA twice) and the AVX2 rows 4 a row: at one row
+// 1.45x row512's speed from the caches on a Zen 4.
 static inline float round_group16(const float* x, int16_t* q) {
   const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-  const float largest = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(a)), _mm512_reduce_max_ps(_mm512_abs_ps(b)));
+  const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
   float inverse = 32767.0f / largest;
   if (!(inverse < INFINITY)) inverse = 0.0f;  // all zero, or too small for a finite scale
   _mm256_storeu_si256((__m256i*)q, _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inverse)))));
@@ -195,23 +196,35 @@ static inline float round_group16(const float* x, int16_t* q) {
   return largest / 32767.0f;
 }
 
-static inline void row_vnni(const int16_t* xq, const float* xstep, const int8_t* panel, int64_t K, const float* scale,
-                            const float* bias, float* y, int64_t cols, __m512i pairs) {
-  __m512 out = _mm512_setzero_ps();
-  for (int64_t g = 0; g < K / 32; ++g) {
+template <int R>  // R rows (xq: [R, K], xstep: [R, K / 32]) against one panel; y: [R, ldy]
+static inline void rows_vnni(const int16_t* xq, const float* xstep, const int8_t* panel, int64_t K, const float* scale,
+                             const float* bias, float* y, int64_t ldy, int64_t cols, __m512i pairs) {
+  constexpr int A = R == 1 ? 4 : 2;  // accumulators a row: enough to hide vpdpwssd's latency
+  const int64_t G = K / 32;
+  __m512 out[R];
+  for (int r = 0; r < R; ++r) out[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
     const int8_t* b = panel + g * 32 * NR;
-    const int32_t* x = (const int32_t*)(xq + g * 32);  // inputs (k, k + 1) as one int32
-    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512i acc[R][A];
+    for (int r = 0; r < R; ++r)
+      for (int a = 0; a < A; ++a) acc[r][a] = _mm512_setzero_si512();
     #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
       const __m512i w = _mm512_permutexvar_epi16(pairs, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(b + 32 * i))));
-      acc[i & 3] = _mm512_dpwssd_epi32(acc[i & 3], w, _mm512_set1_epi32(x[i]));
+      for (int r = 0; r < R; ++r) {
+        const int32_t* x = (const int32_t*)(xq + r * K + g * 32);  // inputs (k, k + 1) as one int32
+        acc[r][i % A] = _mm512_dpwssd_epi32(acc[r][i % A], w, _mm512_set1_epi32(x[i]));
+      }
     }
-    const __m512i s = _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3]));
-    out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(xstep[g]), out);
+    for (int r = 0; r < R; ++r) {
+      __m512i s = _mm512_add_epi32(acc[r][0], acc[r][1]);
+      if constexpr (A == 4) s = _mm512_add_epi32(s, _mm512_add_epi32(acc[r][2], acc[r][3]));
+      out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(xstep[r * G + g]), out[r]);
+    }
   }
   const __m512 c = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-  _mm512_mask_storeu_ps(y, (__mmask16)((1u << cols) - 1), _mm512_fmadd_ps(out, _mm512_loadu_ps(scale), c));
+  for (int r = 0; r < R; ++r)
+    _mm512_mask_storeu_ps(y + r * ldy, (__mmask16)((1u << cols) - 1), _mm512_fmadd_ps(out[r], _mm512_loadu_ps(scale), c));
 }
 #endif
 
@@ -259,17 +272,24 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
   const float* bp = bias.numel() ? padded_bias.data() : nullptr;
   float* yp = y.data_ptr<float>();
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  if (M == 1 && K % 32 == 0) {
-    std::vector<int16_t> xq(K);
-    std::vector<float> xstep(K / 32);
-    for (int64_t g = 0; g < K / 32; ++g) xstep[g] = round_group16(xp + g * 32, xq.data() + g * 32);
+  if (M <= VNNI_MAX_M && K % 32 == 0) {
+    std::vector<int16_t> xq(M * K);
+    std::vector<float> xstep(M * K / 32);
+    for (int64_t g = 0; g < M * K / 32; ++g) xstep[g] = round_group16(xp + g * 32, xq.data() + g * 32);
     alignas(64) uint16_t words[32];  // word 2j from k's channel j, word 2j + 1 from k + 1's
     for (int j = 0; j < 16; ++j) words[2 * j] = j, words[2 * j + 1] = 16 + j;
     const __m512i pairs = _mm512_load_si512(words);
     at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p)
-        row_vnni(xq.data(), xstep.data(), wp + p * K * NR, K, sp + p * NR, bp ? bp + p * NR : nullptr, yp + p * NR,
-                 std::min(NR, N - p * NR), pairs);
+      for (int64_t p = begin; p < end; ++p) {
+        const int8_t* panel = wp + p * K * NR;
+        const float* b = bp ? bp + p * NR : nullptr;
+        const int64_t cols = std::min(NR, N - p * NR);
+        switch (M) {
+          case 1: rows_vnni<1>(xq.data(), xstep.data(), panel, K, sp + p * NR, b, yp + p * NR, N, cols, pairs); break;
+          case 2: rows_vnni<2>(xq.data(), xstep.data(), panel, K, sp + p * NR, b, yp + p * NR, N, cols, pairs); break;
+          default: rows_vnni<3>(xq.data(), xstep.data(), panel, K, sp + p * NR, b, yp + p * NR, N, cols, pairs);
+        }
+      }
     });
     return y;
   }
