@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     kernel = load_int4_kernel()
-    assert kernel is not None and kernel.int4_linear_int8_native(), "needs AVX-512 VNNI and BF16"
+    assert kernel is not None and kernel.int4_linear_bf16_native(), "needs AVX-512 VNNI and BF16"
     weights = layer_linears(load_model(None, progress=False).weights)
     layers = [Int4Linear(as_linear(w), 1 << 30, kernel, torch.bfloat16) for w in weights]
     ops = {"bf16 rows": lambda l, x: kernel.int4_linear(x, l.nibbles, l.dm, l.row_bias, l.out_features),

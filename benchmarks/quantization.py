@@ -305,7 +305,7 @@ def main() -> None:
                                             **({"int4, int8 inputs (VNNI), kernel at every M": {
                                                 "quantization": "int4", "int4_max_rows": 1 << 30, "int4_int8_rows": 1}}
                                                if load_int4_kernel() is not None
-                                               and load_int4_kernel().int4_linear_int8_native() else {}),
+                                               and load_int4_kernel().int4_linear_bf16_native() else {}),
                                             **({"int4, float32 rows (AVX2 loops), kernel at every M": {
                                                 "dtype": "float32", "quantization": "int4", "int4_max_rows": 1 << 30}}
                                                if load_int4_kernel() is not None else {})}, args.quality_only)

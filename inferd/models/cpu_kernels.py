@@ -634,10 +634,8 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
     AttendBf16 attend2 = nullptr;
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, bf16>) {
-      if (D < 2 * threads) attend2 = nullptr;
-      else if (hd == 32) attend2 = attend_bf16<1>;
-      else if (hd == 64) attend2 = attend_bf16<2>;
-      else if (hd == 128) attend2 = attend_bf16<4>;
+      if (D >= 2 * threads)
+        attend2 = hd == 32 ? attend_bf16<1> : hd == 64 ? attend_bf16<2> : hd == 128 ? attend_bf16<4> : nullptr;
     }
 #endif
     const int64_t KH = attend2 ? KVH : 1, groups = KVH / KH, HG = KH * G;  // KV heads a task, tasks a sequence

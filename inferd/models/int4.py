@@ -90,8 +90,8 @@ class Int4Linear(nn.Module):
         assert kernel is not None or dtype is torch.bfloat16, "float32 rows need our kernel (AVX2)"
         self.kernel = kernel
         # from these rows on (up to max_rows) the kernel's inputs are rounded to int8 (int4_linear_int8); None: never
-        self.int8_rows = int4_int8_rows() if kernel is not None and dtype is torch.bfloat16 and \
-            kernel.int4_linear_int8_native() else None
+        # (the kernel takes bf16 rows only where it has VNNI: `takes`)
+        self.int8_rows = int4_int8_rows() if kernel is not None and dtype is torch.bfloat16 else None
         bias = None if linear.bias is None else linear.bias.detach()
         if kernel is not None:  # d and m in fp16, as a Q4_1 file has them
             d, m = d.half().float(), m.half().float()

@@ -55,15 +55,7 @@ SOURCE = r"""
 #include <type_traits>
 #include <vector>
 
-bool int4_linear_bf16_native() {  // bf16 rows: AVX-512 BF16 and VNNI
-#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
-  return true;
-#else
-  return false;
-#endif
-}
-
-bool int4_linear_int8_native() {  // bf16 rows rounded to int8 a group: AVX-512 VNNI and BF16 (as bf16 rows)
+bool int4_linear_bf16_native() {  // bf16 rows, rounded to 16 or 8 bits: AVX-512 BF16 and VNNI
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
   return true;
 #else
@@ -95,34 +87,30 @@ static inline __m512 widen(const bf16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
-// One group of 32 bf16 inputs -> 16-bit integers on the group's scale (its largest |x| to 32767; returned: the value
-// of one step) and the group's exact sum
-static inline float quantize_group16(const bf16* x, int16_t* q, float* sum) {
-  const __m512 a = widen(x), b = widen(x + 16);
-  *sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
-  const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-  float inverse = 32767.0f / largest;
-  if (!(inverse < INFINITY)) inverse = 0.0f;  // all zero, or too small for a finite scale (the m term keeps its sum)
-  _mm256_storeu_si256((__m256i*)q, _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inverse)))));
-  _mm256_storeu_si256((__m256i*)(q + 16),
-                      _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inverse)))));
-  return largest / 32767.0f;
-}
-
-// bf16 rows rounded to int8 a group (int4_linear_int8): 32 inputs -> int8 on their own scale (largest |x| / 127),
-// returned, and the sum of the rounded values times it: the m term then sees the same inputs as the d term, whose
-// rounding errors meet the weights d q + m (centred on 0), not the nibbles q alone (3x the error on the exact sum)
-static inline float quantize_group8(const bf16* x, int8_t* q, float* sum) {
+// One group of 32 bf16 inputs -> integers of Q (int16 or int8) on the group's scale (its largest |x| to Q's
+// largest; returned: the value of one step), and the sum the m term multiplies: int16, the inputs' exact sum (as the
+// AVX2 loop takes it); int8, the rounded inputs' sum, so that their rounding errors meet the weights d q + m, centred
+// on 0, not the nibbles q alone (on the exact sum the error was 3x larger)
+template <typename Q>
+static inline float round_group(const bf16* x, Q* q, float* sum) {
+  constexpr bool I8 = std::is_same_v<Q, int8_t>;
+  constexpr float top = I8 ? 127.0f : 32767.0f;
   const __m512 a = widen(x), b = widen(x + 16);
   const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-  const float step = largest / 127.0f;
-  float inverse = 127.0f / largest;
+  const float step = largest / top;
+  float inverse = top / largest;
   if (!(inverse < INFINITY)) inverse = 0.0f;  // all zero, or too small for a finite scale
   const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inverse)));
   const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inverse)));
-  _mm_storeu_si128((__m128i*)q, _mm512_cvtsepi32_epi8(qa));
-  _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtsepi32_epi8(qb));
-  *sum = step * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  if constexpr (I8) {
+    _mm_storeu_si128((__m128i*)q, _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtsepi32_epi8(qb));
+    *sum = step * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  } else {
+    _mm256_storeu_si256((__m256i*)q, _mm512_cvtsepi32_epi16(qa));
+    _mm256_storeu_si256((__m256i*)(q + 16), _mm512_cvtsepi32_epi16(qb));
+    *sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+  }
   return step;
 }
 
@@ -278,6 +266,32 @@ static void panels_by_tiles(int64_t P, int64_t M, int64_t T, const F& tile) {
   });
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
+// bf16 rows x: [M, K] rounded to Q a group of 32, against every panel into y: [M, N] bf16
+template <typename Q>
+static void integer_rows(const torch::Tensor& x, const uint8_t* wp, const uint16_t* dp, const float* bp, int64_t P,
+                         int64_t G, int64_t N, torch::Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const bf16* xp = (const bf16*)x.data_ptr();
+  std::vector<Q> xq(M * K);
+  std::vector<float> xscale(M * G), xsum(M * G);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t g = 0; g < G; ++g)
+      xscale[r * G + g] = round_group(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
+  alignas(64) uint16_t words[32];  // int8: word 2j from the first chunk's word j, word 2j + 1 from the second's
+  for (int j = 0; j < 16; ++j) words[2 * j] = j, words[2 * j + 1] = 16 + j;
+  const __m512i order = _mm512_load_si512(words);
+  bf16* yp = (bf16*)y.data_ptr();
+  panels_by_tiles(P, M, 8, [&](int64_t p, int64_t r, int64_t rows) {
+    by_rows<8>(rows, [&](auto R) {  // 4 accumulators a row hide the products' latency; 2 leave registers for 8
+      constexpr int Rows = decltype(R)::value;
+      panel_rows<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
+                                          xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16, order);
+    });
+  });
+}
+#endif
+
 static void check_weights(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& dm,
                           const torch::Tensor& bias, int64_t N) {
   TORCH_CHECK(w.dim() == 4 && w.is_contiguous() && w.scalar_type() == torch::kUInt8 && w.size(2) == 8 && w.size(3) == 32,
@@ -305,23 +319,7 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
   const uint16_t* dp = (const uint16_t*)dm.data_ptr();
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
-  if (bf) {
-    const bf16* xp = (const bf16*)x.data_ptr();
-    std::vector<int16_t> xq(M * K);
-    std::vector<float> xscale(M * G), xsum(M * G);
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t g = 0; g < G; ++g)
-        xscale[r * G + g] = quantize_group16(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
-    bf16* yp = (bf16*)y.data_ptr();
-    panels_by_tiles(P, M, 8, [&](int64_t p, int64_t r, int64_t rows) {
-      by_rows<8>(rows, [&](auto R) {  // 4 accumulators a row hide the products' latency; 2 leave registers for 8
-        constexpr int Rows = decltype(R)::value;
-        panel_rows<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
-                                            xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16,
-                                            _mm512_setzero_si512());
-      });
-    });
-  }
+  if (bf) integer_rows<int16_t>(x, wp, dp, bp, P, G, N, y);
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
   if (!bf) {
@@ -346,32 +344,12 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
 // As int4_linear for bf16 x, each group of 32 inputs rounded to int8 on its own scale (llama.cpp's Q4_1 x Q8_1)
 torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor dm, torch::Tensor bias, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16, "x: contiguous [M, K] bf16");
-  TORCH_CHECK(int4_linear_int8_native(), "int8 inputs need a build with AVX-512 VNNI and BF16");
+  TORCH_CHECK(int4_linear_bf16_native(), "int8 inputs need a build with AVX-512 VNNI and BF16");
   check_weights(x, w, dm, bias, N);
-  const int64_t M = x.size(0), K = x.size(1), P = w.size(0), G = w.size(1);
-  auto y = torch::empty({M, N}, x.options());
+  auto y = torch::empty({x.size(0), N}, x.options());
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
-  const bf16* xp = (const bf16*)x.data_ptr();
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> xscale(M * G), xsum(M * G);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t g = 0; g < G; ++g)
-      xscale[r * G + g] = quantize_group8(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
-  alignas(64) uint16_t words[32];  // word 2j from the first chunk's word j, word 2j + 1 from the second's
-  for (int j = 0; j < 16; ++j) words[2 * j] = j, words[2 * j + 1] = 16 + j;
-  const __m512i order = _mm512_load_si512(words);
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* dp = (const uint16_t*)dm.data_ptr();
-  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
-  bf16* yp = (bf16*)y.data_ptr();
-  panels_by_tiles(P, M, 8, [&](int64_t p, int64_t r, int64_t rows) {
-    by_rows<8>(rows, [&](auto R) {
-      constexpr int Rows = decltype(R)::value;
-      panel_rows<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
-                                            xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16,
-                                            order);
-    });
-  });
+  integer_rows<int8_t>(x, w.data_ptr<uint8_t>(), (const uint16_t*)dm.data_ptr(),
+                       bias.numel() ? bias.data_ptr<float>() : nullptr, w.size(0), w.size(1), N, y);
 #endif
   return y;
 }
@@ -389,9 +367,8 @@ def load_int4_kernel(march: str = "native"):
         return None
     try:
         log.info("building the int4 linear kernel (cached after the first time)")
-        module = build("inferd_int4_linear", SOURCE, ["int4_linear_bf16_native", "int4_linear_int8_native",
-                                                      "int4_linear_fp32_native", "int4_linear", "int4_linear_int8"],
-                       march)
+        module = build("inferd_int4_linear", SOURCE, ["int4_linear_bf16_native", "int4_linear_fp32_native",
+                                                      "int4_linear", "int4_linear_int8"], march)
     except Exception as e:  # no compiler: torch's kernel serves
         log.warning("int4 linear kernel unavailable (%s); using torch's _weight_int4pack_mm_for_cpu", e)
         return None

@@ -156,7 +156,7 @@ def test_our_kernel_on_q4_1_file_values_is_float32_accurate(kernel, rows, n, k):
 
 def int8_inputs() -> bool:
     kernel = load_int4_kernel()
-    return kernel is not None and kernel.int4_linear_int8_native()
+    return kernel is not None and kernel.int4_linear_bf16_native()
 
 
 @pytest.mark.skipif(not int8_inputs(), reason="no AVX-512 VNNI and BF16 here")
@@ -191,7 +191,7 @@ def test_a_layer_rounds_its_inputs_to_int8_from_int8_rows_up_to_max_rows():
     with pytest.raises(RuntimeError, match="bf16"):
         kernel.int4_linear_int8(torch.randn(1, 64), *args)
     haswell = load_int4_kernel("haswell")
-    assert not haswell.int4_linear_int8_native()
+    assert not haswell.int4_linear_bf16_native()
     with pytest.raises(RuntimeError, match="VNNI"):
         haswell.int4_linear_int8(torch.randn(1, 64).bfloat16(), *args)
 
