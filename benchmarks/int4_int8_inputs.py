@@ -1,6 +1,7 @@
 """Our Q4_1 kernel's two ways with bf16 rows, on the same packed weights: the inputs rounded to int8 a group
 (`int4_linear_int8`, AVX-512 VNNI: vpdpbusd adds 4 nibble x int8 products a lane exactly in 32 bits, as llama.cpp
-multiplies Q4_1 by Q8_1) against the nibbles widened to bf16 (`int4_linear`, vdpbf16ps). SmolLM2-135M's 120 layer
+multiplies Q4_1 by Q8_1) against the bf16 rows (`int4_linear`: inputs rounded to int16 a group, vpdpwssd; before
+2026-12-05 nibbles widened to bf16, vdpbf16ps). SmolLM2-135M's 120 layer
 linears, from memory, at a few rows (inferd.models.cpu.int4_int8_rows is set from this), and each one's error
 against the float64 product of the file's weights on random inputs.
 

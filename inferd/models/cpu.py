@@ -47,14 +47,16 @@ def int4_max_rows(own_kernel: bool, float32_rows: bool = False) -> int:
 
     bf16, measured on an AVX-512 BF16 EPYC (Zen 4, no AMX), SmolLM2's 120 layer linears: torch's kernel 0.5x
     bf16's time at 1-2 rows, even at 4, 1.4x at 8 (benchmarks/results/quant-zen4-avx512bf16.md); ours 0.28x at
-    one row, 0.56x at 8, 0.89x at 32, 0.93x at 64, even at 96 (benchmarks/results/int4-linear-zen4.md). Not
-    measured on AMX, where dense bf16 is faster: 2 there. Without native bf16 a forced bf16 int4 uses the kernel
-    for one row only. float32 rows, our AVX2 loops against oneDNN's float32 product in AVX2 code on the Zen 4: 0.18x
+    one row, 0.56x at 8, 0.89x at 32, 0.93x at 64, even at 96 (benchmarks/results/int4-linear-zen4.md). Where
+    oneDNN multiplies dense bf16 on AMX tiles (an Emerald Rapids, 2026-12-05), ours with int8 inputs from 4 rows
+    0.31x the dense time at one row, 0.53x at 8, 0.76x at 16, 0.92x at 24, 1.07x at 32, 1.66x at 64
+    (benchmarks/results/int4-linear-emr-int8.md): 24 there. Without native bf16 a forced bf16 int4 uses the
+    kernel for one row only. float32 rows, our AVX2 loops against oneDNN's float32 product in AVX2 code on the Zen 4: 0.18x
     its time at one row, 0.51x at 8, even at 32 and 64 (benchmarks/results/int4-linear-fp32-avx2-on-zen4.md): 32."""
     if float32_rows:
         return 32
     if "amx_bf16" in cpu_flags():
-        return 2
+        return 24
     if has_native_bf16():
         return 64 if own_kernel else 4
     return 1
@@ -66,10 +68,10 @@ def int4_int8_rows() -> int | None:
     (AVX-512 BF16 + VNNI), SmolLM2's 120 layer linears from memory: 1.02-1.09x the bf16 rows' speed at 1-3 rows,
     1.26x at 4, 1.43-1.45x at 6-16 (benchmarks/results/int4-int8-inputs-after-int16-rows-zen4.md; 1.04-1.12x at
     1-4 against the bf16 rows' vdpbf16ps loops before 2026-12-05), at 3x their error against the file's weights
-    (0.54 % against 0.17 %): below 4 rows the bf16 rows cost little. Not measured where AMX multiplies bf16
-    (int4_max_rows is 2 there)."""
+    (0.54 % against 0.17 %): below 4 rows the bf16 rows cost little. On an Emerald Rapids (AMX) alike: 1.16-1.28x at
+    1-3 rows, 1.30x at 4, 1.31-1.42x at 6-24 (benchmarks/results/int4-int8-inputs-emr.md)."""
     flags = cpu_flags()
-    return 4 if {"avx512_vnni", "avx512_bf16"} <= flags and "amx_bf16" not in flags else None
+    return 4 if {"avx512_vnni", "avx512_bf16"} <= flags else None
 
 
 def auto_quantization(dtype: str) -> str:

@@ -182,7 +182,7 @@ def test_int8_inputs_are_exact_for_the_rounded_inputs(rows, n, k):
 def test_a_layer_rounds_its_inputs_to_int8_from_int8_rows_up_to_max_rows():
     kernel = load_int4_kernel()
     layer = Int4Linear(nn.Linear(64, 40), max_rows=12, kernel=kernel, dtype=torch.bfloat16)
-    assert layer.int8_rows == 4  # inferd.models.cpu.int4_int8_rows on a VNNI CPU without AMX
+    assert layer.int8_rows == 4  # inferd.models.cpu.int4_int8_rows on a CPU with AVX-512 VNNI and BF16
     op, args = layer.op(torch.bfloat16), (layer.nibbles, layer.dm, layer.row_bias, 40)
     for rows, path in [(3, kernel.int4_linear), (4, kernel.int4_linear_int8), (12, kernel.int4_linear_int8),
                        (13, layer.dense)]:
