@@ -629,10 +629,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 #endif
     // bf16 on its dot products where the CPU has them and the sequences alone keep the threads busy (attend_bf16, a
     // task a sequence: all its KV heads), else widened to float32 (attend, a task a KV head). With fewer sequences
-    // (cut in parts, below) the dot products were 1.25x the time at one stream of 512 positions.
+    // (cut in parts, below) the dot products were 1.25x the time at one stream of 512 positions. Not where the CPU has
+    // AMX (Intel's cores: their 512-bit shuffles, sum16's, all go to one port): on an Emerald Rapids they took
+    // 1.16-1.34x the widened loops' time at 8-64 streams (benchmarks/results/paged-decode-emr.json).
     const int64_t threads = at::get_num_threads();
     AttendBf16 attend2 = nullptr;
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && !defined(__AMX_BF16__)
     if constexpr (std::is_same_v<T, bf16>) {
       if (D >= 2 * threads)
         attend2 = hd == 32 ? attend_bf16<1> : hd == 64 ? attend_bf16<2> : hd == 128 ? attend_bf16<4> : nullptr;
