@@ -261,6 +261,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
   const int64_t M = x.size(0), K = x.size(1), P = packed.size(0);
   TORCH_CHECK(packed.size(1) == K && packed.size(2) == NR && P * NR >= N, "packed weight shape");
   auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;  // a step whose rows sample none (a prompt's chunk before its last): the row loops take M >= 1
   const float* xp = x.data_ptr<float>();
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();

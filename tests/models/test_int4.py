@@ -115,6 +115,18 @@ def test_int4_linear_matches_dequantized_reference(kernel, rows, out_features, i
     assert layer.exact is False  # random weights are not Q4_1 blocks
 
 
+@pytest.mark.parametrize("kernel", OURS)
+def test_our_kernel_takes_no_rows(kernel):
+    """A step whose rows sample none calls lm_head on none; the layers' linears must take it too."""
+    march, dtype = kernel
+    k = load_int4_kernel(march)
+    layer = Int4Linear(nn.Linear(64, 40), max_rows=8, kernel=k, dtype=dtype)
+    x, args = torch.empty(0, 64, dtype=dtype), (layer.nibbles, layer.dm, layer.row_bias, 40)
+    assert k.int4_linear(x, *args).shape == (0, 40)
+    if dtype is torch.bfloat16:
+        assert k.int4_linear_int8(x, *args).shape == (0, 40)
+
+
 def rounded_to(x: torch.Tensor, steps: int) -> torch.Tensor:
     """Rows as our kernel rounds them (float32 rows on AVX2 and bf16 rows on AVX-512 VNNI to 32767 steps,
     int4_linear_int8 to 127): each group of 32 on `steps` steps of its largest |x|, in the kernel's float32

@@ -53,9 +53,28 @@ def test_int8_linear_matches_dequantized_reference(build, rows, out_features, in
     torch.testing.assert_close(layer(x.view(1, rows, in_features)), expected.view(1, rows, -1), atol=1e-5, rtol=1e-5)
 
 
-def engine(quantization: str) -> LLMEngine:
+@pytest.mark.parametrize("build", [pytest.param("native", marks=needs_kernel), "avx2", None])
+@pytest.mark.parametrize("in_features", [24, 576])
+def test_int8_linear_takes_no_rows(build, in_features):
+    """lm_head of a step whose rows sample none (a prompt's chunks before its last) gets no rows."""
+    chosen = {"native": kernel, "avx2": load_int8_kernel("haswell"), None: None}[build]
+    if build and chosen is None:
+        pytest.skip(f"the {build} build does not build or run here")
+    layer = Int8Linear(nn.Linear(in_features, 40), chosen)
+    assert layer(torch.empty(0, in_features)).shape == (0, 40)
+
+
+def engine(quantization: str, **config) -> LLMEngine:
     return LLMEngine(tiny_loaded_model(), EngineConfig(dtype="float32", quantization=quantization, num_kv_blocks=64,
-                                                       block_size=4))
+                                                       block_size=4, **config))
+
+
+def test_int8_engine_prefills_a_long_prompt_in_chunks_as_in_one():
+    """The chunks before a prompt's last sample no row, so its int8 lm_head runs on none: the 1-3 row loops on
+    VNNI once read an empty buffer there and took the replica down (a 1,024-token prompt through inferd serve)."""
+    reqs = {"long": (list(range(3, 40)), SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))}
+    chunked = run(engine("int8", max_num_batched_tokens=8), reqs)[0]
+    assert len(chunked["long"]) == 6 and chunked == run(engine("int8"), reqs)[0]
 
 
 def test_int8_model_logits_close_to_fp32():
