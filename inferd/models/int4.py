@@ -11,7 +11,7 @@ Our own kernel (inferd.models.int4_kernel) takes the weights instead where it bu
 file has them: bf16 rows on AVX-512 BF16 and VNNI (1.4x torch's kernel at one row, 1.6-2.1x at more, on a Zen 4),
 float32 rows on AVX2, where bf16 is emulated and torch's kernel slow (benchmarks/int4_linear.py); both round their
 inputs to 16 bits a group and multiply the nibbles as integers. Where the CPU has VNNI
-(without AMX), bf16 rows from `int8_rows` rows on are rounded to int8 a group and multiplied as integers
+(AMX or not), bf16 rows from `int8_rows` rows on are rounded to int8 a group and multiplied as integers
 (inferd.models.cpu.int4_int8_rows).
 
 Either kernel's time grows with the rows, and from a few rows on a dense bf16 matmul is faster. Each layer
