@@ -30,6 +30,14 @@ def test_zero_channel_quantizes_to_zero():
     assert (q == 0).all() and torch.isfinite(scale).all()
 
 
+def built(build: str | None):
+    """The int8 kernel of a build ("native", "avx2": also on AVX-512; None: torch's op), skipped where it is not."""
+    chosen = {"native": kernel, "avx2": load_int8_kernel("haswell"), None: None}[build]
+    if build and chosen is None:
+        pytest.skip(f"the {build} build does not build or run here")
+    return chosen
+
+
 @pytest.mark.parametrize("build", [pytest.param("native", marks=needs_kernel), "avx2", None])  # None: torch's op
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 12, 13, 40])
 @pytest.mark.parametrize("out_features,in_features,bias", [(48, 64, False), (37, 24, True), (5, 3, True),
@@ -39,10 +47,7 @@ def test_int8_linear_matches_dequantized_reference(build, rows, out_features, in
     them to 16 bits a group of 32, every other path takes them as they are."""
     torch.manual_seed(rows)
     linear = nn.Linear(in_features, out_features, bias=bias)
-    chosen = {"native": kernel, "avx2": load_int8_kernel("haswell"), None: None}[build]  # avx2: on AVX-512 too
-    if build and chosen is None:
-        pytest.skip(f"the {build} build does not build or run here")
-    layer = Int8Linear(linear, chosen)
+    layer = Int8Linear(linear, built(build))
     q, scale = quantize_int8(linear.weight)
     x = torch.randn(rows, in_features)
     x[0, :32] = 0  # a group's step is 0
@@ -57,10 +62,7 @@ def test_int8_linear_matches_dequantized_reference(build, rows, out_features, in
 @pytest.mark.parametrize("in_features", [24, 576])
 def test_int8_linear_takes_no_rows(build, in_features):
     """lm_head of a step whose rows sample none (a prompt's chunks before its last) gets no rows."""
-    chosen = {"native": kernel, "avx2": load_int8_kernel("haswell"), None: None}[build]
-    if build and chosen is None:
-        pytest.skip(f"the {build} build does not build or run here")
-    layer = Int8Linear(nn.Linear(in_features, 40), chosen)
+    layer = Int8Linear(nn.Linear(in_features, 40), built(build))
     assert layer(torch.empty(0, in_features)).shape == (0, 40)
 
 
