@@ -21,6 +21,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import anyio
 import httpx
 from opentelemetry import trace
 from opentelemetry.propagate import inject
@@ -403,9 +404,10 @@ class RequestPath:
             return
         x.finished = True
         records = []
-        for attempt, nxt in zip(x.attempts, [*x.attempts[1:], None]):
-            attempt.leave_upstream()
-            records.append(await self._settle(x, attempt, nxt is None or nxt.admission is not attempt.admission))
+        with anyio.CancelScope(shield=True):  # a stream cancelled as its client left still settles (Redis: a call)
+            for attempt, nxt in zip(x.attempts, [*x.attempts[1:], None]):
+                attempt.leave_upstream()
+                records.append(await self._settle(x, attempt, nxt is None or nxt.admission is not attempt.admission))
         if not records and x.key is not None:
             records.append(self._refusal_record(x))
         for record in records:

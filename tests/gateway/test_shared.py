@@ -100,6 +100,35 @@ def test_both_gateways_write_usage_to_the_shared_store(setup):
     assert len(rows) == 2 and len({r.gateway_id for r in rows}) == 2
 
 
+def test_a_client_gone_mid_stream_frees_its_shared_lease_and_keeps_its_record(setup):
+    """The client closes a stream while it decodes: the gateway's settle in Redis (a network call, run as the
+    stream is cancelled) still runs, so the tenant's one concurrency slot is free at once and the request has its
+    record."""
+    name, key = tenant_key(setup["db"], "--max-concurrency", "1")
+    gw = setup["gateways"][0]
+    for _ in range(3):
+        with httpx.stream("POST", f"{gw}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                          timeout=120, json={"messages": [{"role": "user", "content": "Count to a thousand"}],
+                                             "max_tokens": 400, "ignore_eos": True, "stream": True}) as r:
+            assert r.status_code == 200
+            rid = r.headers["x-request-id"]
+            next(r.iter_lines())  # decoding; then the client goes away
+        deadline = time.monotonic() + 5
+        while (again := chat(gw, key)).status_code == 429 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert again.status_code == 200, again.text  # the slot was given back, not left for the lease's expiry
+        engine = create_engine(setup["db"])
+        while True:
+            with engine.connect() as conn:
+                status = conn.execute(text("SELECT status FROM usage_records WHERE request_id = :r"),
+                                      {"r": rid}).scalar()
+            if status is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        engine.dispose()
+        assert status is not None, f"no usage record for {rid}"
+
+
 def test_traces_follow_the_request_path(setup, tmp_path):
     from inferd.gateway.app import Gateway, build_gateway_app
     from inferd.gateway.config import GatewayConfig
