@@ -156,19 +156,23 @@ class RedisLimiter:
         if not ok:
             self._wait_for_redis(reservation, actual)
 
-    def _wait_for_redis(self, reservation: Reservation, actual: dict[str, float]) -> None:
-        """A settle to run in Redis before anything else once it answers."""
+    def _wait_for_redis(self, reservation: Reservation, actual: dict[str, float], first: bool = False) -> None:
+        """A settle to run in Redis before anything else once it answers (first: before the others waiting)."""
         if len(self._unsettled) == MAX_UNSETTLED:  # the oldest is left to its lease's expiry
             self._leasing.discard(self._unsettled.popleft()[0].id)
-        self._unsettled.append((reservation, actual))
+        if first:
+            self._unsettled.appendleft((reservation, actual))
+        else:
+            self._unsettled.append((reservation, actual))
         if self._retrying is None or self._retrying.done():
             self._retrying = asyncio.get_running_loop().create_task(self._retry_unsettled())
 
     async def _retry_unsettled(self) -> None:
-        """Until nothing waits: whenever Redis may be tried again, a call that settles what waited."""
+        """Until nothing waits: whenever Redis may be tried again, a call that settles what waited. (A settle
+        that another call took out and failed comes back through _wait_for_redis, which restarts this.)"""
         while self._unsettled:
             await asyncio.sleep(max(self._down_until - time.monotonic(), 0.0) + 0.05)
-            await self._shared(_nothing)
+            await self._shared(self.redis.ping)
 
     async def _shared(self, call, *args) -> tuple[bool, Any]:
         """(True, call's result) from Redis; (False, None) if Redis is down (RateLimited passes through)."""
@@ -197,8 +201,8 @@ class RedisLimiter:
             waiting = self._unsettled.popleft()
             try:
                 await self._run_settle(*waiting)
-            except DOWN:
-                self._unsettled.appendleft(waiting)
+            except BaseException:  # Redis away, or this call cancelled: it waits again, first
+                self._wait_for_redis(*waiting, first=True)
                 raise
 
     def _answered(self) -> None:
@@ -233,6 +237,3 @@ class RedisLimiter:
             self._retrying.cancel()
         await self.redis.aclose()
 
-
-async def _nothing() -> None:
-    return None

@@ -5,6 +5,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from inferd.gateway.limits import Charge, MemoryLimiter, RateLimited, ratelimit_headers
+from inferd.gateway import redis_limiter
 from inferd.gateway.redis_limiter import PREFIX, RedisLimiter
 from tests.gateway.services import redis_server
 
@@ -143,4 +144,33 @@ async def test_a_lease_whose_reserve_answer_was_lost_is_released_when_redis_answ
     assert await lim.redis.zcard(PREFIX + key) == 0
     r = await lim.reserve(charges(n, 1, conc=1))  # the one slot is free, in Redis
     assert r.id in lim._leasing
+    await lim.close()
+
+
+async def test_a_settle_waiting_for_redis_is_retried_after_a_concurrent_try_of_it_failed(redis_url, monkeypatch):
+    """A call takes the waiting settle out of the queue to run it first and fails (Redis still away) while the
+    limiter's own retry looks at an empty queue: the settle goes back and is still retried, with no request coming
+    to do it, until Redis answers."""
+    monkeypatch.setattr(redis_limiter, "LOCAL_RETRY_S", 0.2)
+    lim, n = RedisLimiter(redis_url), ns()
+    script, away = lim._settle, asyncio.Event()
+    away.set()
+
+    async def settle(*args, **kwargs):
+        if away.is_set():
+            await asyncio.sleep(0.4)  # a call that waits for its timeout
+            raise RedisConnectionError("Redis is away")
+        return await script(*args, **kwargs)
+    lim._settle = settle
+    r = await lim.reserve(charges(n, 1, conc=1))
+    key = PREFIX + next(c.key for c in r.charges if c.kind == "concurrency")
+    await lim.settle(r, {})  # fails: waits for Redis; the limiter retries it every LOCAL_RETRY_S
+    lim._down_until = 0.0
+    await lim.check(charges(ns(), 1))  # takes the waiting settle first; the limiter's retry runs meanwhile
+    away.clear()  # Redis answers again; no call comes
+    for _ in range(40):
+        if not lim._leasing and await lim.redis.zcard(key) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert (lim._leasing, await lim.redis.zcard(key)) == (set(), 0)
     await lim.close()
