@@ -1027,9 +1027,124 @@ torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
 #endif
   return y;
 }
+
+// A few rows (2-64: a decode step's) through a bf16 linear on AMX tiles, from the same weights in pairs along K as
+// one_row_linear: a panel of 16 outputs over 32 inputs, [16 pairs][16][2], is one B tile as the tiles' bf16
+// products take it (TDPBF16PS), so the panels stream from memory in order, prefetched 4 KiB ahead as there, with no
+// repacking. Each panel's rows run as up to 4 tiles of 16 rows, accumulated in float32 over K and rounded once.
+// oneDNN's prepacked product on the same tiles read SmolLM2's 120 layer linears at 7-16 GB/s at 2-64 rows on an
+// Emerald Rapids, this at 9-24: 1.5-2.1x as fast at 2-32 rows, 1.4x at 48, 1.2x at 64
+// (benchmarks/results/amx-linear-emr.md).
+#if defined(__AMX_BF16__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+constexpr int64_t AMX_MAX_ROWS = 64;
+
+bool amx_linear_native() {
+#if defined(__AMX_BF16__)
+  static const bool permitted = [] {  // Linux gives a process the tiles' state only once it asks for it
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return permitted;
+#else
+  return false;
+#endif
+}
+
+#if defined(__AMX_BF16__)
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// One panel of 16 outputs for MT tiles of rows into c [MT][16][16]: tiles 0..MT-1 accumulate; 4 and 7 take turns
+// holding a full tile of rows, 5 the last tile of rows (as many rows as are left); 6 the weights.
+template <int MT>
+static inline void amx_panel(const bf16* x, int64_t K, const bf16* panel, float* c) {
+  _tile_zero(0);
+  if constexpr (MT > 1) _tile_zero(1);
+  if constexpr (MT > 2) _tile_zero(2);
+  if constexpr (MT > 3) _tile_zero(3);
+  const int64_t stride = K * 2;
+  for (int64_t kb = 0; kb < K / 32; ++kb) {
+    const bf16* b = panel + kb * 512;
+    for (int line = 0; line < 16; ++line) _mm_prefetch((const char*)b + ROW_PREFETCH_BYTES + 64 * line, _MM_HINT_T0);
+    _tile_loadd(6, b, 64);
+    const bf16* a = x + kb * 32;
+    if constexpr (MT == 1) {
+      _tile_loadd(5, a, stride); _tile_dpbf16ps(0, 5, 6);
+    } else if constexpr (MT == 2) {
+      _tile_loadd(4, a, stride); _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(5, a + 16 * K, stride); _tile_dpbf16ps(1, 5, 6);
+    } else if constexpr (MT == 3) {
+      _tile_loadd(4, a, stride); _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, a + 16 * K, stride); _tile_dpbf16ps(1, 7, 6);
+      _tile_loadd(5, a + 32 * K, stride); _tile_dpbf16ps(2, 5, 6);
+    } else {
+      _tile_loadd(4, a, stride); _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, a + 16 * K, stride); _tile_dpbf16ps(1, 7, 6);
+      _tile_loadd(4, a + 32 * K, stride); _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(5, a + 48 * K, stride); _tile_dpbf16ps(3, 5, 6);
+    }
+  }
+  _tile_stored(0, c, 64);
+  if constexpr (MT > 1) _tile_stored(1, c + 256, 64);
+  if constexpr (MT > 2) _tile_stored(2, c + 512, 64);
+  if constexpr (MT > 3) _tile_stored(3, c + 768, 64);
+}
+#endif
+
+torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+  TORCH_CHECK(amx_linear_native(), "amx_linear needs a build with AMX bf16, on a kernel that lets it use the tiles");
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= AMX_MAX_ROWS && x.scalar_type() == torch::kBFloat16
+              && x.is_contiguous() && x.size(1) % 32 == 0,
+              "x must be 1-64 contiguous bfloat16 rows of a multiple of 32 inputs");
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 2 && w.scalar_type() == torch::kBFloat16
+              && w.is_contiguous() && w.size(1) * 2 == x.size(1), "w must be [N / 16, K / 2, 16, 2] bfloat16");
+  const int64_t M = x.size(0), K = x.size(1), P = w.size(0), N = P * 16;
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
+              "bias must be empty or [N] float32");
+  auto y = torch::empty({M, N}, x.options());
+#if defined(__AMX_BF16__)
+  const bf16* xp = ptr<bf16>(x);
+  const bf16* wp = ptr<bf16>(w);
+  const float* bp = bias.numel() ? ptr<float>(bias) : nullptr;
+  bf16* yp = ptr<bf16>(y);
+  const int tiles = (int)((M + 15) / 16), last = (int)(M - 16 * (tiles - 1));
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
+  for (int t = 0; t < tiles; ++t) cfg.rows[t] = t == tiles - 1 ? last : 16;
+  cfg.rows[4] = cfg.rows[6] = cfg.rows[7] = 16;
+  cfg.rows[5] = last;
+  for (int t = tiles; t < 4; ++t) cfg.colsb[t] = 0;
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    _tile_loadconfig(&cfg);  // each thread's own tiles
+    alignas(64) float c[4 * 256];
+    for (int64_t p = p0; p < p1; ++p) {
+      const bf16* panel = wp + p * 16 * K;
+      switch (tiles) {
+        case 1: amx_panel<1>(xp, K, panel, c); break;
+        case 2: amx_panel<2>(xp, K, panel, c); break;
+        case 3: amx_panel<3>(xp, K, panel, c); break;
+        default: amx_panel<4>(xp, K, panel, c); break;
+      }
+      const __m512 b = bp ? _mm512_loadu_ps(bp + p * 16) : _mm512_setzero_ps();
+      for (int64_t m = 0; m < M; ++m)
+        _mm256_storeu_si256((__m256i*)(yp + m * N + p * 16),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c + 16 * m), b)));
+    }
+    _tile_release();
+  });
+#endif
+  return y;
+}
 """
 FUNCTIONS = ["rms_norm", "add_rms_norm", "silu_mul", "rope_cache", "paged_decode", "prefill_attention",
-             "sample_rows", "one_row_linear_native", "one_row_linear"]
+             "sample_rows", "one_row_linear_native", "one_row_linear", "amx_linear_native", "amx_linear"]
 DTYPES = (torch.float32, torch.bfloat16)  # what the C++ ops take
 
 

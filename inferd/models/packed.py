@@ -16,11 +16,13 @@ log = logging.getLogger(__name__)
 EMPTY = torch.empty(0)
 
 PACK_FOR_BATCH = 32  # the packing oneDNN picks for this M serves all M measured (1..1024)
+AMX_MAX_ROWS = 64  # cpu_kernels' amx_linear takes up to this many rows
 
 
 class PackedLinear(nn.Module):
     """one_row: the C++ ops (inferd.models.cpu_kernels) to run a single bf16 row on, from a second copy of the
-    weights in pairs along K (`pair_weights`), or None: every batch on oneDNN."""
+    weights in pairs along K (`pair_weights`), or None: every batch on oneDNN. Where those ops multiply on AMX
+    tiles (`amx_linear_native`), 2-64 bf16 rows run there too, from the same copy (K a multiple of 32)."""
 
     def __init__(self, linear: nn.Linear, one_row=None):
         super().__init__()
@@ -33,18 +35,27 @@ class PackedLinear(nn.Module):
             self.row_bias = torch.empty(0) if linear.bias is None else torch.zeros(self.pairs.shape[0] * 16)
             if linear.bias is not None:
                 self.row_bias[:self.out_features] = linear.bias.detach()
+        self.amx = one_row is not None and self.in_features % 32 == 0 and one_row.amx_linear_native()
+
+    def _row_kernel(self, rows: int, dtype: torch.dtype) -> str | None:
+        """The C++ op (by name) that serves `rows` rows of `dtype` from the pairs, or None: oneDNN."""
+        if self.one_row is None or dtype is not torch.bfloat16:
+            return None
+        if rows == 1:
+            return "one_row_linear"
+        return "amx_linear" if self.amx and 2 <= rows <= AMX_MAX_ROWS else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x.dtype)(x.reshape(-1, self.in_features).contiguous())
         return y.view(*x.shape[:-1], self.out_features)
 
     def kernel_call(self, rows: int, dtype: torch.dtype):
-        """What the C++ decode loop (decode_loop.py) calls for `rows` rows of `dtype`: the one-row loop at one bf16
-        row (kind, its address, its weights, N), else None (oneDNN serves)."""
-        if self.one_row is None or rows != 1 or dtype is not torch.bfloat16:
+        """What the C++ decode loop (decode_loop.py) calls for `rows` rows of `dtype`: the C++ op on the pairs where
+        one serves that many (kind, its address, its weights, N), else None (oneDNN serves)."""
+        name = self._row_kernel(rows, dtype)
+        if name is None:
             return None
-        return ONE_ROW_CALL, self.one_row.addresses()["one_row_linear"], [self.pairs, EMPTY, self.row_bias], \
-            self.out_features
+        return ONE_ROW_CALL, self.one_row.addresses()[name], [self.pairs, EMPTY, self.row_bias], self.out_features
 
     def op(self, dtype: torch.dtype):
         """This linear as one function of a 2-D contiguous input, its weights bound once (the decoder's calls)."""
@@ -52,11 +63,16 @@ class PackedLinear(nn.Module):
         if self.one_row is None:
             return lambda x: linear(x, packed, bias, "none", [None], "")
         row, pairs, row_bias, n = self.one_row.one_row_linear, self.pairs, self.row_bias, self.out_features
+        rows = self.one_row.amx_linear if self.amx else None
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            if x.shape[0] != 1:
+            m = x.shape[0]
+            if m == 1:
+                y = row(x, pairs, row_bias)
+            elif rows is not None and 2 <= m <= AMX_MAX_ROWS:
+                y = rows(x, pairs, row_bias)
+            else:
                 return linear(x, packed, bias, "none", [None], "")
-            y = row(x, pairs, row_bias)
             return y if y.shape[1] == n else y[:, :n].contiguous()
         return run
 

@@ -199,6 +199,31 @@ def test_one_row_linear_matches_torch(out_features, in_features, bias):
         cpp.one_row_linear(torch.zeros(1, in_features + 2, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("out_features,in_features", [(576, 576), (40, 64), (16, 1536), (50, 96)])
+def test_amx_linear_matches_torch_at_2_to_64_rows(out_features, in_features, bias):
+    if not cpp.amx_linear_native():
+        pytest.skip("no AMX here: a few bf16 rows run on oneDNN")
+    g = torch.Generator().manual_seed(out_features + in_features)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+    layer = PackedLinear(linear, one_row_ops(cpp, torch.bfloat16))
+    assert [layer.kernel_call(rows, torch.bfloat16) is not None for rows in (1, 2, 64, 65)] == [True] * 3 + [False]
+    for rows in (2, 3, 15, 16, 17, 33, 48, 63, 64, 65):  # every count of tiles, full and not; 65: oneDNN
+        x = randn(rows, in_features, dtype=torch.bfloat16, g=g)
+        expected = torch.nn.functional.linear(x.float(), linear.weight.float(),
+                                              None if linear.bias is None else linear.bias.float())
+        torch.testing.assert_close(layer(x).float(), expected, **tol(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="1-64 contiguous bfloat16 rows"):
+        cpp.amx_linear(torch.zeros(65, in_features, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
+    with pytest.raises(RuntimeError, match="w must be"):
+        cpp.amx_linear(torch.zeros(2, in_features + 32, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
+
+
+def test_amx_rows_need_k_a_multiple_of_32():
+    layer = PackedLinear(torch.nn.Linear(48, 16).to(torch.bfloat16), one_row_ops(cpp, torch.bfloat16))
+    assert layer.kernel_call(4, torch.bfloat16) is None  # oneDNN serves its rows above one
+
+
 def test_one_row_weights_only_for_bf16_on_the_cpp_ops():
     assert one_row_ops(TorchKernels, torch.bfloat16) is None
     assert one_row_ops(cpp, torch.float32) is None

@@ -23,7 +23,7 @@ def formats():
     if int4 is not None and int4.int4_linear_bf16_native():
         out.append(("bfloat16", "int4"))
     if cpp is not None and cpp.one_row_linear_native():
-        out.append(("bfloat16", "none"))  # one row only: the one-row loop's weights
+        out.append(("bfloat16", "none"))  # the one-row loop's weights: one row, or 2-64 where the CPU has AMX
     return out
 
 
@@ -39,7 +39,7 @@ def test_the_cpp_loop_gives_the_python_loops_tokens(dtype, quantization, monkeyp
     with_loop = run(engine, reqs)[0]
     loops = engine.runner.model._loops
     assert loops.get(1) is not None  # one row ran as one C++ call
-    if quantization == "int4":  # at most 4 rows here: the kernel at every size
+    if quantization == "int4" or cpp.amx_linear_native():  # at most 4 rows here: a kernel at every size
         assert len(loops) > 1 and all(plan is not None for plan in loops.values())
     python_loop_only(monkeypatch)
     assert run(make_engine(dtype=dtype, quantization=quantization, max_num_seqs=4), reqs)[0] == with_loop

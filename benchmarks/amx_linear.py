@@ -1,0 +1,80 @@
+"""SmolLM2-135M's 120 layer linears (qkv, o, gate_up, down of its 30 layers) in bf16 at a few rows, as a decode
+step runs them: oneDNN's product on the weights prepacked once (inferd.models.packed.PackedLinear, AMX tiles where
+the CPU has them) against cpu_kernels' `amx_linear` on the copy in pairs along K. One pass runs all 120 in a row,
+so each reads its weights from memory (270 MB); the two take turns, --repeats passes each per row count, medians.
+Needs a CPU with AMX.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/amx_linear.py --out benchmarks/results/amx-linear-emr.json
+"""
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from benchmarks.engine import _cpu_name
+from benchmarks.int4_linear import layer_linears
+from inferd.models.cpu_kernels import load_cpp_kernels
+from inferd.models.loader import load_model
+from inferd.models.packed import EMPTY, PACK_FOR_BATCH, pair_weights
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="2,4,8,16,24,32,48,64")
+    ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    kernels = load_cpp_kernels()
+    assert kernels is not None and kernels.amx_linear_native(), "no AMX bf16 on this CPU (or no C++ build)"
+    weights = [w.to(torch.bfloat16) for w in layer_linears(load_model(None, progress=False).weights)]
+    nbytes = sum(w.numel() * 2 for w in weights)
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_FOR_BATCH) for w in weights]
+    pairs = [pair_weights(w) for w in weights]
+    linear, amx = torch.ops.mkldnn._linear_pointwise, kernels.amx_linear
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                          "python": platform.python_version()}, "bytes": nbytes, "rows": {}}
+    with torch.inference_mode():
+        for m in (int(r) for r in args.rows.split(",")):
+            xs = [torch.randn(m, w.shape[1]).bfloat16() for w in weights]
+            targets = {"oneDNN": lambda: [linear(x, p, None, "none", [None], "") for x, p in zip(xs, packed)],
+                       "amx_linear": lambda: [amx(x, p, EMPTY) for x, p in zip(xs, pairs)]}
+            runs = {name: [] for name in targets}
+            for _ in range(args.repeats + 1):  # the first pass warms
+                for name, run in targets.items():
+                    t = time.perf_counter()
+                    run()
+                    runs[name].append(time.perf_counter() - t)
+            row = {name: {"ms": round(statistics.median(r[1:]) * 1e3, 3),
+                          "gb_s": round(nbytes / statistics.median(r[1:]) / 1e9, 1)} for name, r in runs.items()}
+            row["oneDNN / amx_linear"] = round(row["oneDNN"]["ms"] / row["amx_linear"]["ms"], 2)
+            result["rows"][m] = row
+            print(f"rows {m:3d}: " + ", ".join(f"{n} {row[n]['ms']:.2f} ms ({row[n]['gb_s']} GB/s)" for n in targets)
+                  + f"; amx_linear {row['oneDNN / amx_linear']:.2f}x as fast", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+        with open(args.out.removesuffix(".json") + ".md", "w") as f:
+            f.write(table(result, " ".join(sys.argv[1:])))
+
+
+def table(r: dict, args: str) -> str:
+    m = r["machine"]
+    lines = [f"# SmolLM2-135M's 120 layer linears in bf16 at a few rows: oneDNN (prepacked) against amx_linear "
+             f"({r['date']}; {m['cpu']}, {m['threads']} threads, torch {m['torch']})", "",
+             f"`PYTHONPATH=. .venv/bin/python benchmarks/amx_linear.py {args}`: ms for all 120 (weights from memory, "
+             f"{r['bytes'] / 1e6:.0f} MB), and the GB/s of their weight bytes.", "",
+             "| rows | oneDNN | amx_linear | amx_linear as fast as oneDNN |", "|---:|---:|---:|---:|"]
+    for rows, v in r["rows"].items():
+        lines.append(f"| {rows} | {v['oneDNN']['ms']:.2f} ms ({v['oneDNN']['gb_s']} GB/s) | "
+                     f"{v['amx_linear']['ms']:.2f} ms ({v['amx_linear']['gb_s']} GB/s) | {v['oneDNN / amx_linear']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
