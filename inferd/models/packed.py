@@ -39,7 +39,7 @@ class PackedLinear(nn.Module):
 
     def _row_kernel(self, rows: int, dtype: torch.dtype) -> str | None:
         """The C++ op (by name) that serves `rows` rows of `dtype` from the pairs, or None: oneDNN."""
-        if self.one_row is None or dtype is not torch.bfloat16:
+        if self.one_row is None or dtype is not torch.bfloat16 or rows < 1:
             return None
         if rows == 1:
             return "one_row_linear"
@@ -62,17 +62,16 @@ class PackedLinear(nn.Module):
         linear, packed, bias = torch.ops.mkldnn._linear_pointwise, self.packed, self.bias
         if self.one_row is None:
             return lambda x: linear(x, packed, bias, "none", [None], "")
-        row, pairs, row_bias, n = self.one_row.one_row_linear, self.pairs, self.row_bias, self.out_features
-        rows = self.one_row.amx_linear if self.amx else None
+        pairs, row_bias, n = self.pairs, self.row_bias, self.out_features
+        names = [self._row_kernel(rows, dtype) for rows in range(AMX_MAX_ROWS + 1)]  # the rule, looked up per call
+        by_rows = [None if name is None else getattr(self.one_row, name) for name in names]
 
         def run(x: torch.Tensor) -> torch.Tensor:
             m = x.shape[0]
-            if m == 1:
-                y = row(x, pairs, row_bias)
-            elif rows is not None and 2 <= m <= AMX_MAX_ROWS:
-                y = rows(x, pairs, row_bias)
-            else:
+            kernel = by_rows[m] if m <= AMX_MAX_ROWS else None
+            if kernel is None:
                 return linear(x, packed, bias, "none", [None], "")
+            y = kernel(x, pairs, row_bias)
             return y if y.shape[1] == n else y[:, :n].contiguous()
         return run
 

@@ -188,7 +188,7 @@ def test_one_row_linear_matches_torch(out_features, in_features, bias):
     g = torch.Generator().manual_seed(out_features + in_features)
     linear = torch.nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
     layer = PackedLinear(linear, one_row_ops(cpp, torch.bfloat16))
-    for rows in (1, 3):  # 3: oneDNN's packed weights
+    for rows in (1, 3):  # 3: oneDNN's packed weights, or the AMX tiles' product where the CPU has AMX
         x = randn(rows, in_features, dtype=torch.bfloat16, g=g)
         expected = torch.nn.functional.linear(x.float(), linear.weight.float(),
                                               None if linear.bias is None else linear.bias.float())
