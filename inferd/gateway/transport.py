@@ -7,12 +7,17 @@ the server closes leaves the pool when its end-of-file arrives, so picking one i
 upstreams go through httpx's own transport.
 """
 import asyncio
+import time
 from collections import deque
 
 import httptools
 import httpx
 
 MAX_IDLE_PER_HOST = 256
+# An idle connection is reused only this long: uvicorn (our replicas, vLLM's and llama.cpp's servers) closes one
+# idle for 5 s, and a request sent while that close is on its way fails with nothing read (CI saw a 503 on the
+# first request 5.4 s after the gateway's last probe; with one replica there was no other to try).
+MAX_IDLE_S = 4.0
 MAX_BUFFERED_CHUNKS = 64  # past this many unread body chunks the connection stops reading (backpressure)
 
 
@@ -32,6 +37,7 @@ class _Connection(asyncio.Protocol):
         self._keep_alive = False
         self._error: Exception | None = None
         self._paused = False
+        self.idle_since = 0.0  # time.monotonic() when it went back to the pool
 
     # asyncio.Protocol
 
@@ -164,11 +170,12 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         await self._tls.aclose()
 
     async def _connection(self, key: tuple[str, int], timeout_s: float) -> _Connection:
-        idle = self._idle.get(key)
+        idle, now = self._idle.get(key), time.monotonic()
         while idle:
             conn = idle.pop()
-            if not conn.closed:
+            if not conn.closed and now - conn.idle_since < MAX_IDLE_S:
                 return conn
+            conn.transport.close()
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
@@ -186,6 +193,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         conn.release()
         idle = self._idle.setdefault(key, [])
         if reusable and len(idle) < MAX_IDLE_PER_HOST:
+            conn.idle_since = time.monotonic()
             idle.append(conn)
         else:
             conn.transport.close()

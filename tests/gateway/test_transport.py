@@ -5,6 +5,7 @@ import asyncio
 import httpx
 import pytest
 
+from inferd.gateway import transport as transport_module
 from inferd.gateway.transport import UpstreamTransport
 from tests.server import free_port
 
@@ -102,6 +103,23 @@ def test_a_connection_the_server_closed_is_not_reused():
                 await asyncio.sleep(0.05)  # the server's FIN arrives
             await transport.aclose()
         assert server.connections == 2
+    asyncio.run(main())
+
+
+def test_a_connection_idle_past_max_idle_is_not_reused(monkeypatch):
+    """The server may be closing it (uvicorn after 5 s idle): a new connection is opened instead."""
+    monkeypatch.setattr(transport_module, "MAX_IDLE_S", 0.2)
+
+    async def main():
+        server = Server(fixed)
+        async with server as url:
+            transport = UpstreamTransport()
+            for pause_s in (0.0, 0.05, 0.3):  # the second reuses the first's connection, the third does not
+                await asyncio.sleep(pause_s)
+                r = await send(transport, url)
+                await r.aread()
+            await transport.aclose()
+        assert server.connections == 2 and len(server.requests) == 3
     asyncio.run(main())
 
 
