@@ -11,7 +11,13 @@ if [ -f "$VENV/.installed" ]; then
     echo "$VENV has llama-cpp-python already"; exit 0
 fi
 python3.11 -m venv "$VENV"
-CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-    "llama-cpp-python[server]==$VERSION"
+# Built without llama.cpp's AMX path: where the CPU has AMX (Sapphire and Emerald Rapids) its matmul died with
+# SIGILL on the first prompt of more than one token (`tilezero` in an OpenMP worker whose tiles were not configured;
+# the in-process Llama runs with use_extra_bufts off, the server cannot), so a llama.cpp replica restarted forever.
+# -mno-amx-* wins over the build's -march=native whatever their order. A wheel pip cached from a build before this
+# change is reused as it is: `pip cache remove llama_cpp_python` first.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+CFLAGS="${CFLAGS:-} $NO_AMX" CXXFLAGS="${CXXFLAGS:-} $NO_AMX" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "llama-cpp-python[server]==$VERSION"
 "$VENV/bin/python" -c "import llama_cpp, llama_cpp.server.app; print('llama-cpp-python', llama_cpp.__version__, 'in', '$VENV')"
 touch "$VENV/.installed"
