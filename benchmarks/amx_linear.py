@@ -7,7 +7,6 @@ Needs a CPU with AMX.
     PYTHONPATH=. .venv/bin/python benchmarks/amx_linear.py --out benchmarks/results/amx-linear-emr.json
 """
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -17,6 +16,7 @@ from datetime import datetime, timezone
 import torch
 
 from benchmarks.engine import _cpu_name
+from benchmarks.quantization import save_report
 from benchmarks.int4_linear import layer_linears
 from inferd.models.cpu_kernels import load_cpp_kernels
 from inferd.models.loader import load_model
@@ -56,11 +56,7 @@ def main() -> None:
             result["rows"][m] = row
             print(f"rows {m:3d}: " + ", ".join(f"{n} {row[n]['ms']:.2f} ms ({row[n]['gb_s']} GB/s)" for n in targets)
                   + f"; amx_linear {row['oneDNN / amx_linear']:.2f}x as fast", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-        with open(args.out.removesuffix(".json") + ".md", "w") as f:
-            f.write(table(result, " ".join(sys.argv[1:])))
+    save_report(result, table(result, " ".join(sys.argv[1:])), args.out)
 
 
 def table(r: dict, args: str) -> str:
@@ -73,7 +69,7 @@ def table(r: dict, args: str) -> str:
     for rows, v in r["rows"].items():
         lines.append(f"| {rows} | {v['oneDNN']['ms']:.2f} ms ({v['oneDNN']['gb_s']} GB/s) | "
                      f"{v['amx_linear']['ms']:.2f} ms ({v['amx_linear']['gb_s']} GB/s) | {v['oneDNN / amx_linear']:.2f}x |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ on this one (its memory and cores stay this machine's).
         --dtype float32 --march haswell --out benchmarks/results/int4-linear-fp32-avx2-on-zen4.json
 """
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,6 +27,7 @@ import torch
 from torch import nn
 
 from benchmarks.engine import _cpu_name
+from benchmarks.quantization import save_report
 from inferd.models.int4 import Int4Linear, takes
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.loader import load_model
@@ -101,11 +101,7 @@ def main() -> None:
             print(f"rows {m:3d}: " + ", ".join(f"{n} {v['ms']:.2f} ms ({v['gb_s']} GB/s)" for n, v in row.items())
                   + "; " + ", ".join(f"{n} / ours {v['ms'] / row['ours']['ms']:.2f}x" for n, v in row.items()
                                      if n != "ours"), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-        with open(args.out.removesuffix(".json") + ".md", "w") as f:
-            f.write(table(result, " ".join(sys.argv[1:])))
+    save_report(result, table(result, " ".join(sys.argv[1:])), args.out)
 
 
 def table(r: dict, args: str) -> str:
@@ -121,7 +117,7 @@ def table(r: dict, args: str) -> str:
     for m, v in r["rows"].items():
         lines.append(f"| {m} | " + " | ".join(f"{v[n]['ms']:.2f} ms ({v[n]['gb_s']} GB/s)" for n in names) + " | "
                      + " | ".join(f"{v[n]['ms'] / v['ours']['ms']:.2f}x" for n in names[1:]) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -180,48 +180,57 @@ def test_prefill_attention_in_the_avx2_build_matches_torch(dtype):  # SDPA there
         torch.testing.assert_close(avx2.prefill_attention(q, k_cache, v_cache, *rest).float(), expected, **tol(dtype))
 
 
+def row_layer(out_features: int, in_features: int, bias: bool) -> tuple[torch.nn.Linear, PackedLinear]:
+    """A random bf16 linear and its PackedLinear with the C++ row ops (the weights in pairs)."""
+    torch.manual_seed(out_features + in_features)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+    return linear, PackedLinear(linear, one_row_ops(cpp, torch.bfloat16))
+
+
+def assert_rows_match_torch(linear: torch.nn.Linear, layer: PackedLinear, counts: tuple[int, ...]) -> None:
+    g = torch.Generator().manual_seed(linear.in_features)
+    for rows in counts:
+        x = randn(rows, linear.in_features, dtype=torch.bfloat16, g=g)
+        expected = torch.nn.functional.linear(x.float(), linear.weight.float(),
+                                              None if linear.bias is None else linear.bias.float())
+        torch.testing.assert_close(layer(x).float(), expected, **tol(torch.bfloat16))
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out_features,in_features", [(576, 576), (37, 6), (16, 1536), (49, 10)])
 def test_one_row_linear_matches_torch(out_features, in_features, bias):
     if not cpp.one_row_linear_native():
         pytest.skip("no AVX-512 BF16 here: the one-row loop is not used")
-    g = torch.Generator().manual_seed(out_features + in_features)
-    linear = torch.nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
-    layer = PackedLinear(linear, one_row_ops(cpp, torch.bfloat16))
-    for rows in (1, 3):  # 3: oneDNN's packed weights, or the AMX tiles' product where the CPU has AMX
-        x = randn(rows, in_features, dtype=torch.bfloat16, g=g)
-        expected = torch.nn.functional.linear(x.float(), linear.weight.float(),
-                                              None if linear.bias is None else linear.bias.float())
-        torch.testing.assert_close(layer(x).float(), expected, **tol(torch.bfloat16))
+    linear, layer = row_layer(out_features, in_features, bias)
+    assert_rows_match_torch(linear, layer, (1, 3))  # 3: oneDNN's packed weights, or AMX's tiles where the CPU has AMX
     with pytest.raises(RuntimeError, match="one contiguous bfloat16 row"):
         cpp.one_row_linear(torch.zeros(2, in_features, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
     with pytest.raises(RuntimeError, match="w must be"):
         cpp.one_row_linear(torch.zeros(1, in_features + 2, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
 
 
+needs_amx = pytest.mark.skipif(cpp is None or not cpp.amx_linear_native(),
+                               reason="no AMX here: a few bf16 rows run on oneDNN")
+
+
+@needs_amx
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out_features,in_features", [(576, 576), (40, 64), (16, 1536), (50, 96)])
 def test_amx_linear_matches_torch_at_2_to_64_rows(out_features, in_features, bias):
-    if not cpp.amx_linear_native():
-        pytest.skip("no AMX here: a few bf16 rows run on oneDNN")
-    g = torch.Generator().manual_seed(out_features + in_features)
-    linear = torch.nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
-    layer = PackedLinear(linear, one_row_ops(cpp, torch.bfloat16))
+    linear, layer = row_layer(out_features, in_features, bias)
     assert [layer.kernel_call(rows, torch.bfloat16) is not None for rows in (1, 2, 64, 65)] == [True] * 3 + [False]
-    for rows in (2, 3, 15, 16, 17, 33, 48, 63, 64, 65):  # every count of tiles, full and not; 65: oneDNN
-        x = randn(rows, in_features, dtype=torch.bfloat16, g=g)
-        expected = torch.nn.functional.linear(x.float(), linear.weight.float(),
-                                              None if linear.bias is None else linear.bias.float())
-        torch.testing.assert_close(layer(x).float(), expected, **tol(torch.bfloat16))
+    assert_rows_match_torch(linear, layer, (2, 3, 15, 16, 17, 33, 48, 63, 64, 65))  # every count of tiles; 65: oneDNN
     with pytest.raises(RuntimeError, match="1-64 contiguous bfloat16 rows"):
         cpp.amx_linear(torch.zeros(65, in_features, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
     with pytest.raises(RuntimeError, match="w must be"):
         cpp.amx_linear(torch.zeros(2, in_features + 32, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
 
 
+@needs_amx
 def test_amx_rows_need_k_a_multiple_of_32():
-    layer = PackedLinear(torch.nn.Linear(48, 16).to(torch.bfloat16), one_row_ops(cpp, torch.bfloat16))
-    assert layer.kernel_call(4, torch.bfloat16) is None  # oneDNN serves its rows above one
+    linear, layer = row_layer(16, 48, False)
+    assert layer.kernel_call(1, torch.bfloat16) is not None and layer.kernel_call(4, torch.bfloat16) is None
+    assert_rows_match_torch(linear, layer, (4,))  # oneDNN serves its rows above one
 
 
 def test_one_row_weights_only_for_bf16_on_the_cpp_ops():
