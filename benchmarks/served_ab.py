@@ -36,13 +36,16 @@ def bench_rate(url: str, rate: float, seconds: float, out: Path, seed: int) -> d
     return figures(report) | {"goodput_per_s": report["summary"]["goodput"]["goodput_per_s"]}
 
 
-def served(tree: Path, port: int, work: Path, replica_args: list[str]) -> subprocess.Popen:
+def served(tree: Path, port: int, work: Path, replica_args: list[str], extensions: Path) -> subprocess.Popen:
+    """inferd serve from tree, its C++ kernels built in the folder extensions (one a tree: taking turns does not
+    rebuild them)."""
     command = [sys.executable, "-m", "inferd.cli", "serve", "--port", str(port), "--api-key", KEY,
                "--db", f"sqlite:///{work / 'inferd.db'}", "--usage-journal", str(work / "usage.journal"),
                "--files-dir", str(work / "files"), "--log-level", "warning", str(default_model()),
                "--embedding-model", "none", "--classical-model", "none", "--policy-model", "none", *replica_args]
-    return started_server(command, f"http://127.0.0.1:{port}/ready", {"PYTHONPATH": str(tree.resolve())},
-                          f"inferd-served-ab-{tree.name}", 300, cwd=tree.resolve())
+    env = {"PYTHONPATH": str(tree.resolve()), "TORCH_EXTENSIONS_DIR": str(extensions)}
+    return started_server(command, f"http://127.0.0.1:{port}/ready", env, f"inferd-served-ab-{tree.name}", 300,
+                          cwd=tree.resolve())
 
 
 def main() -> None:
@@ -67,7 +70,8 @@ def main() -> None:
                 for label, path in trees.items():  # taking turns
                     work = Path(tmp) / f"{label}-{rate}-{i}"
                     work.mkdir()
-                    proc = served(Path(path), args.port, work, args.replica_args.split())
+                    proc = served(Path(path), args.port, work, args.replica_args.split(),
+                                  Path(tmp) / "extensions" / label)
                     try:
                         row = bench_rate(f"http://127.0.0.1:{args.port}", rate, args.seconds, work / "bench", i)
                     finally:
