@@ -1,6 +1,8 @@
 import asyncio
 import json
+import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -121,7 +123,7 @@ async def _refused(response: httpx.Response, record: RequestRecord) -> None:
 
 async def _read_stream(response: httpx.Response, record: RequestRecord, cancel_after: int | None,
                        start: float) -> None:
-    async for line in response.aiter_lines():
+    async for line in sse_lines(response.aiter_bytes()):
         now = time.perf_counter()
         if not line.startswith("data:"):
             continue
@@ -135,6 +137,24 @@ async def _read_stream(response: httpx.Response, record: RequestRecord, cancel_a
             record.done_s, record.outcome = now - start, "cancelled"
             return
     record.outcome, record.error_type = "failed", "incomplete_stream"
+
+
+LINE_END = re.compile(rb"\r\n|\n|\r")
+
+
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """A stream's lines as SSE ends them: at CR LF, LF or CR only. httpx's aiter_lines (str.splitlines) also ends
+    one at U+2028, U+2029 or U+0085, which a server's JSON may hold unescaped, and so cut an event in two."""
+    buffer = b""
+    async for data in chunks:
+        buffer += data
+        held = len(buffer) - buffer.endswith(b"\r")  # a CR at the end may be half of a CR LF
+        *lines, rest = LINE_END.split(buffer[:held])
+        buffer = rest + buffer[held:]
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+    if buffer.rstrip(b"\r"):
+        yield buffer.rstrip(b"\r").decode("utf-8", errors="replace")
 
 
 def _on_event(event: dict, record: RequestRecord, at_s: float) -> bool:

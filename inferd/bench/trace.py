@@ -21,7 +21,8 @@ def read_trace(path: Path) -> list[TraceEntry]:
     if not path.is_file():
         raise WorkloadError(f"trace file {path} does not exist")
     entries = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    # lines end at \n only (not splitlines): a JSON string may hold U+2028
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if line.strip():
             entries.append(parse_entry(line, f"{path}:{lineno}"))
     if not entries:

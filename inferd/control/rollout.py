@@ -49,7 +49,8 @@ class Probe:
 def read_probes(path: str | Path) -> list[Probe]:
     """A JSONL probe set, one {"messages": [...], "expect": "regex", "max_tokens"?: n} per line."""
     probes = []
-    for i, line in enumerate(Path(path).expanduser().read_text().splitlines(), 1):
+    # lines end at \n only (not splitlines): a JSON string may hold U+2028
+    for i, line in enumerate(Path(path).expanduser().read_text().split("\n"), 1):
         if not line.strip():
             continue
         try:

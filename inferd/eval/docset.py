@@ -63,7 +63,8 @@ def load_set(folder: str | Path) -> EvalSet:
     folder = Path(folder).expanduser()
     try:
         template = Template(**json.loads((folder / "prompt.json").read_text()))
-        lines = (folder / "items.jsonl").read_text().splitlines()
+        # lines end at \n only (not splitlines): a JSON string may hold U+2028
+        lines = (folder / "items.jsonl").read_text().split("\n")
     except (OSError, TypeError, ValueError) as exc:
         raise SetError(f"{folder}: {exc}") from None
     items = tuple(_item(line, f"{folder / 'items.jsonl'}:{n}") for n, line in enumerate(lines, 1) if line.strip())

@@ -5,10 +5,18 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 SSE_DONE = b"data: [DONE]\n\n"
+# Characters JSON may hold unescaped that str.splitlines, and clients that split a stream with it (httpx's
+# aiter_lines among them), take for line ends: an event holding one reached such a client cut in two, its JSON
+# broken (a generated token's text can be U+2028). SSE ends lines only at CR and LF; these go as JSON escapes.
+LINE_SEPARATORS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
 
 
 def sse_event(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    for raw, escaped in LINE_SEPARATORS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return b"data: " + data + b"\n\n"
 
 
 class SSEResponse(StreamingResponse):

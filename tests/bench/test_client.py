@@ -58,6 +58,22 @@ def test_completions_stream_without_usage_counts_chunks():
     assert r.outcome == "completed" and r.output_tokens == 3 and not r.usage_seen and r.finish_reason == "stop"
 
 
+def test_a_stream_is_split_into_lines_as_sse_says_not_as_str_splitlines():
+    # another server's JSON with U+2028 / U+0085 unescaped (httpx's aiter_lines cut such an event: malformed_event),
+    # events ended by CR LF and by CR, and the body arriving in pieces that cut a CR LF and a UTF-8 character
+    text = "a\u2028b\x85c é"
+    body = (b"data: " + json.dumps(chat_chunk(text), ensure_ascii=False).encode() + b"\r\n\r\n"
+            + sse(chat_chunk("d", "stop")).replace(b"\n", b"\r") + sse(USAGE, b"[DONE]"))
+    cuts = [body.index(b"\xc3") + 1, body.index(b"\r\n") + 1, len(body)]
+    pieces = [body[a:b] for a, b in zip([0, *cuts], cuts)]
+
+    async def content():
+        for piece in pieces:
+            yield piece
+    r = run(lambda request: httpx.Response(200, content=content(), headers={"content-type": "text/event-stream"}))
+    assert r.outcome == "completed" and r.reply == [text, "d"] and r.finish_reason == "stop" and r.usage_seen
+
+
 def test_cancel_after_chunks():
     r = run(stream(*[chat_chunk("x")] * 4, b"[DONE]"), cancel_after=2)
     assert r.outcome == "cancelled" and len(r.chunk_s) == 2

@@ -87,6 +87,13 @@ def test_trace_replay(tmp_path, tokenizer, pool):
     assert requests[0].text == "What is a cat?" and requests[1].input_tokens == 50
 
 
+def test_a_trace_line_may_hold_a_unicode_line_separator(tmp_path, tokenizer, pool):
+    text = "one\u2028two\x85three"
+    path = write_trace(tmp_path, [json.dumps({"arrival_offset_s": 0.0, "text": text, "output_tokens": 2},
+                                             ensure_ascii=False)])
+    assert [e.text for e in read_trace(path)] == [text]
+
+
 @pytest.mark.parametrize("line,message", [
     ("{not json", r"trace.jsonl:1: not JSON"),
     ([1, 2], "expected a JSON object"),

@@ -227,3 +227,10 @@ def test_stream_chunks_and_sse_framing():
     assert event.startswith(b"data: {") and event.endswith(b"}\n\n") and b"\n" not in event[:-2]
     assert json.loads(event[6:])["choices"][0]["delta"]["content"] == "é"
     assert SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_an_event_is_one_line_to_clients_that_split_at_unicode_line_separators():
+    text = "a\u2028b\u2029c\x85d é"  # str.splitlines (httpx's aiter_lines) ends a line at the first three
+    event = sse_event(chat_chunk(META, 0, {"content": text}, None, None, usage=False))
+    assert event.decode().splitlines() == [event[:-2].decode(), ""] and b"\\u2028" in event
+    assert json.loads(event[6:])["choices"][0]["delta"]["content"] == text
