@@ -711,10 +711,38 @@ static torch::Tensor prefill_sdpa(const torch::Tensor& q, const torch::Tensor& k
         .transpose(0, 1).unsqueeze(0);
   };
   auto qq = q.transpose(0, 1).unsqueeze(0);
-  std::optional<torch::Tensor> mask;
-  if (n != ctx) mask = torch::arange(ctx) <= torch::arange(ctx - n, ctx).unsqueeze(1);
-  auto out = at::scaled_dot_product_attention(qq, gather(k_cache), gather(v_cache), mask, 0.0, n == ctx, scale, true);
-  return out.squeeze(0).transpose(0, 1).contiguous();
+  auto k = gather(k_cache), v = gather(v_cache);
+  if (n == ctx)
+    return at::scaled_dot_product_attention(qq, k, v, {}, 0.0, true, scale, true).squeeze(0).transpose(0, 1).contiguous();
+  // A chunk after a prompt's first: its queries see the ctx - n positions before it whole and their own causally, as
+  // two flash products without a mask, merged by their log-sum-exps. With a mask SDPA scored every position (half of
+  // the chunk's own are masked) and built the mask anew each layer (an arange, a compare and a where).
+  const int64_t past = ctx - n, H = q.size(1);
+  auto [o1, l1] = at::_scaled_dot_product_flash_attention_for_cpu(qq, k.narrow(2, 0, past), v.narrow(2, 0, past), 0.0,
+                                                                 false, std::nullopt, scale);
+  auto [o2, l2] = at::_scaled_dot_product_flash_attention_for_cpu(qq, k.narrow(2, past, n), v.narrow(2, past, n), 0.0,
+                                                                 true, std::nullopt, scale);
+  auto out = torch::empty_like(q);  // [n, H, hd]
+  l1 = l1.contiguous(), l2 = l2.contiguous();  // [1, H, n] float32
+  const float *lse1 = ptr<float>(l1), *lse2 = ptr<float>(l2);
+  by_dtype(q, [&](auto z) {
+    using T = decltype(z);
+    const T *a = ptr<T>(o1), *b = ptr<T>(o2);
+    T* op = ptr<T>(out);
+    const int64_t ah = o1.stride(1), ai = o1.stride(2), ad = o1.stride(3), bh = o2.stride(1), bi = o2.stride(2),
+                  bd = o2.stride(3);
+    at::parallel_for(0, H * n, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t h = r / n, i = r % n;
+        const float m = std::max(lse1[r], lse2[r]), w1 = std::exp(lse1[r] - m), w2 = std::exp(lse2[r] - m);
+        const float s1 = w1 / (w1 + w2), s2 = w2 / (w1 + w2);
+        const T *x = a + h * ah + i * ai, *y = b + h * bh + i * bi;
+        T* o = op + (i * H + h) * hd;
+        for (int64_t d = 0; d < hd; ++d) o[d] = to<T>(s1 * ld(x[d * ad]) + s2 * ld(y[d * bd]));
+      }
+    });
+  });
+  return out;
 }
 
 #ifdef INFERD_VEC
