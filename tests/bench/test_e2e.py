@@ -12,6 +12,9 @@ from tests.server import ROOT
 
 from tests.conftest import SMOLLM2_KEY as API_KEY, SMOLLM2_MAX_MODEL_LEN
 NUM_REQUESTS, INPUT_TOKENS, OUTPUT_TOKENS, CANCELLING = 12, 32, 8, 3
+# the client lag these tests allow: a CI run's other worker may hold both cores (a kernel build) for most of a
+# second, and the bound (tests/bench/test_lag.py) is not what they check; at 500 ms one was refused there
+CLIENT_LAG_MS = "5000"
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +25,13 @@ def server(smollm2_server) -> str:
 def bench(url: str, out: Path, *extra: str, command: str = "run") -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "inferd.cli", "bench", command, "--base-url", f"{url}/v1", "--api-key", API_KEY,
            "--input-tokens", str(INPUT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS), "--no-progress",
-           "--num-requests", str(NUM_REQUESTS), "--out", str(out), *extra]
+           "--num-requests", str(NUM_REQUESTS), "--max-client-lag-ms", CLIENT_LAG_MS, "--out", str(out), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 def test_report_counts_equal_server_counters(server, tmp_path):
     before = parse_metrics(httpx.get(f"{server}/metrics").text)
-    done = bench(server, tmp_path / "run", "--rate", "6", "--warmup-requests", "0", "--max-client-lag-ms", "500",
+    done = bench(server, tmp_path / "run", "--rate", "6", "--warmup-requests", "0",
                  "--cancel-fraction", str(CANCELLING / NUM_REQUESTS), "--slo", "ttft_ms=60000",
                  "--cost-per-hour", "2")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -63,7 +66,7 @@ def test_report_counts_equal_server_counters(server, tmp_path):
 def test_closed_loop_shared_prefix_completions(server, tmp_path):
     done = bench(server, tmp_path / "closed", "--api", "completions", "--workload", "shared-prefix",
                  "--num-documents", "2", "--document-tokens", "40", "--questions-per-document", "2",
-                 "--arrival", "closed", "--concurrency", "2", "--output-tokens", "4", "--max-client-lag-ms", "500",
+                 "--arrival", "closed", "--concurrency", "2", "--output-tokens", "4",
                  "--no-html")
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "closed.json").read_text())
@@ -75,7 +78,7 @@ def test_closed_loop_shared_prefix_completions(server, tmp_path):
 
 def test_sweep_reports_a_capacity(server, tmp_path):
     done = bench(server, tmp_path / "sweep", "--rates", "1,3", "--num-requests", "4", "--output-tokens", "4",
-                 "--slo", "e2e_ms=60000", "--bisect-steps", "0", "--max-client-lag-ms", "500", "--no-html",
+                 "--slo", "e2e_ms=60000", "--bisect-steps", "0", "--no-html",
                  command="sweep")
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "sweep.json").read_text())
@@ -96,7 +99,7 @@ def test_a_quality_set_workload_counts_only_checked_results_as_accepted(server, 
     """hr-02 of docqa-v1's acceptance split: SmolLM2 answers its answer item and fails the decline and conflict
     items (evals/results/), so 3 requests meet the SLO and 1 is an accepted result."""
     done = bench(server, tmp_path / "q", "--quality-set", str(ROOT / "evals" / "docqa-v1"), "--num-requests", "3",
-                 "--arrival", "closed", "--concurrency", "1", "--warmup-requests", "0", "--max-client-lag-ms", "500",
+                 "--arrival", "closed", "--concurrency", "1", "--warmup-requests", "0",
                  "--slo", "e2e_ms=120000", "--cost-per-hour", "2", "--no-html")
     assert done.returncode == 0, done.stderr[-3000:]
     g = json.loads((tmp_path / "q.json").read_text())["summary"]["goodput"]
