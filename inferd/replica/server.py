@@ -22,6 +22,9 @@ from inferd.replica.metrics import ServerMetrics, metrics_route
 log = logging.getLogger(__name__)
 
 READINESS_PROMPT = "Hello"
+# a prefill and a decode step: what a decode step builds on first use (the C++ decode loop: ~30 s on a machine's first
+# start) is built before the replica says it is ready, not in its first user's time to first token
+READINESS_TOKENS = 2
 
 
 @dataclass(slots=True)
@@ -106,11 +109,11 @@ def _lifespan(engine: AsyncEngine, backend: EngineBackend, readiness: Readiness,
 
 async def _readiness_probe(engine: AsyncEngine, backend: EngineBackend, readiness: Readiness, url: str) -> None:
     prompt = backend.tokenizer.encode(READINESS_PROMPT)
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=READINESS_TOKENS, temperature=0.0, ignore_eos=True)
     try:
         async with aclosing(engine.generate("readiness-probe", prompt, params)) as outputs:
             async for out in outputs:
-                if out.finished and out.num_output_tokens != 1:
+                if out.finished and out.num_output_tokens != READINESS_TOKENS:
                     raise RuntimeError(f"probe ended with {out.num_output_tokens} tokens ({out.finish_reason})")
     except Exception as exc:
         log.error("readiness inference failed: %s: %s", type(exc).__name__, exc)
