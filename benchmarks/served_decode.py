@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,6 +38,7 @@ import torch
 
 from benchmarks.engine import PROMPT_LEN, NEW_TOKENS, _cpu_name, _loadavg, inferd_decode, random_prompts
 from benchmarks.runtimes import ROOT
+from inferd.bench.client import sse_lines
 from inferd.control.replicas import free_port, wait_until_ready
 from inferd.control.runtimes import RuntimeProcess
 from inferd.control.spec import EngineChoice
@@ -61,21 +63,19 @@ class Arrivals:
     """A stream's events as they arrive: the time of every chunk that carries text, and the usage."""
     def __init__(self, model: str, max_tokens: int):
         self.model, self.max_tokens = model, max_tokens
-        self.start, self.times, self.usage, self.buffer = time.perf_counter(), [], None, b""
+        self.start, self.times, self.usage = time.perf_counter(), [], None
 
-    def feed(self, data: bytes) -> None:
-        now = time.perf_counter()
-        *events, self.buffer = (self.buffer + data).replace(b"\r\n", b"\n").split(b"\n\n")
-        for event in events:
-            if not event.startswith(b"data: ") or event == b"data: [DONE]":
+    async def read(self, body: AsyncIterator[bytes]) -> dict:
+        """The answer's body, cut into lines as inferd bench cuts one (sse_lines)."""
+        async for line in sse_lines(body):
+            if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(event[6:])
+            now = time.perf_counter()
+            chunk = json.loads(line[6:])
             if chunk.get("choices"):
                 self.times.append(now)
             if chunk.get("usage"):
                 self.usage = chunk["usage"]
-
-    def result(self) -> dict:
         if self.usage is None or self.usage["completion_tokens"] != self.max_tokens:
             raise RuntimeError(f"{self.model}: usage {self.usage}, asked for {self.max_tokens} tokens")
         return {"start": self.start, "times": self.times, "tokens": self.usage["completion_tokens"]}
@@ -97,18 +97,22 @@ async def stream(url: str, key: str, model: str, prompt: list[int], max_tokens: 
             heads[name.strip().lower()] = value.strip()
         if len(status) < 2 or status[1] != b"200":
             raise RuntimeError(f"{model}: {b' '.join(status).strip()!r}: {(await reader.read())[:300]!r}")
-        chunked = heads.get("transfer-encoding", "").lower() == "chunked"
-        while data := await (read_chunk(reader) if chunked else reader.read(65536)):
-            arrivals.feed(data)
-        return arrivals.result()
+        return await arrivals.read(body_of(reader, heads.get("transfer-encoding", "").lower() == "chunked"))
     finally:
         writer.close()
 
 
-async def read_chunk(reader: asyncio.StreamReader) -> bytes:
-    """One chunk of a chunked body (b"" at its end)."""
-    size = int((await reader.readline()).split(b";")[0], 16)
-    return (await reader.readexactly(size + 2))[:-2]
+async def body_of(reader: asyncio.StreamReader, chunked: bool) -> AsyncIterator[bytes]:
+    """An answer's body as it arrives: chunk by chunk (chunked), else as read until the connection closes."""
+    while True:
+        if chunked:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            data = (await reader.readexactly(size + 2))[:-2]
+        else:
+            data = await reader.read(65536)
+        if not data:
+            return
+        yield data
 
 
 async def stream_httpx(client: httpx.AsyncClient, url: str, key: str, model: str, prompt: list[int],
@@ -119,9 +123,7 @@ async def stream_httpx(client: httpx.AsyncClient, url: str, key: str, model: str
                              headers={"authorization": f"Bearer {key}"}) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{model}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-        async for data in r.aiter_raw():
-            arrivals.feed(data)
-    return arrivals.result()
+        return await arrivals.read(r.aiter_raw())
 
 
 async def streams(url: str, key: str, model: str, prompts: list[list[int]], max_tokens: int, client: str
