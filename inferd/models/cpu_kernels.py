@@ -23,9 +23,10 @@ weight reads. Here each of these is one call:
 - `prefill_attention(q, k_cache, v_cache, blocks, ctx, block_size, scale)`: causal attention of a prompt chunk over
   its context, read from the cache blocks, as a flash attention on AVX-512: in bf16 on its bf16 dot products
   (vdpbf16ps, where the CPU has AVX-512 BF16), 2.4-3.7x the gather + SDPA path at SmolLM2's shapes; in fp32 on
-  FMAs, 1.5-1.8x (benchmarks/prefill_attention.py). Elsewhere that gather + SDPA: on AVX2 the same fp32 loops
-  were 0.7-1.1x SDPA, and where the CPU has AMX, SDPA multiplies bf16 on its tiles, 2.3-3.6x the bf16 loops on a
-  Sapphire Rapids (the fp32 loops stay: 1.2-1.5x SDPA there).
+  FMAs, 1.5-1.8x (benchmarks/prefill_attention.py). Where the CPU has AMX, bf16 at head_dim 32 and 64 runs on its
+  tiles instead (SDPA's tiles were 2.3-3.6x the bf16 loops there): 1.6-2.3x the gather + SDPA path on an Emerald
+  Rapids, prompts of 512-2,048 and chunks of 512 over 1,024-2,048 (the fp32 loops stay: 1.2-1.5x SDPA there). Elsewhere
+  that gather + SDPA: on AVX2 the same fp32 loops were 0.7-1.1x SDPA.
 
 Every op computes in float32 and rounds once to the tensor's dtype. `TorchKernels` is the same ops in
 torch: the reference the C++ ones are tested against (tests/engine/test_cpu_kernels.py), and the path
@@ -693,6 +694,34 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   return out;
 }
 
+// The AMX tiles (Sapphire Rapids and later): the process's permission, and a tile configuration.
+#if defined(__AMX_BF16__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+constexpr int64_t AMX_MAX_ROWS = 64;
+
+bool amx_linear_native() {
+#if defined(__AMX_BF16__)
+  static const bool permitted = [] {  // Linux gives a process the tiles' state only once it asks for it
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return permitted;
+#else
+  return false;
+#endif
+}
+
+#if defined(__AMX_BF16__)
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+#endif
+
 // Prefill attention of one chunk: q [n, H, hd], its context's K/V in the cache blocks `blocks` [nb], the last n of the
 // ctx positions being the queries' own (causal). A flash attention on this CPU's vectors: each KV head's keys and
 // values are first packed for the dot products (below), then each task, the query heads of a group at QB positions
@@ -702,7 +731,8 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 // - bf16 on AVX-512 BF16 (vdpbf16ps: 16 float32 lanes, each adding two bf16 products): a key vector holds 16 keys'
 //   pairs of dimensions, a value vector 16 dimensions of a pair of keys; probabilities rounded to bf16 for PV;
 // - float32 on AVX-512 (FMA): a key vector holds one dimension of 16 keys, values stay rows.
-// Elsewhere (AVX2, bf16 without AVX-512 BF16, a head_dim the loops do not take) the gather and torch's SDPA.
+// With AMX, bf16 at head_dim 32 and 64 takes prefill_amx (below). Elsewhere (AVX2, bf16 without AVX-512 BF16, a
+// head_dim the loops do not take, bf16 at another head_dim with AMX) the gather and torch's SDPA.
 static torch::Tensor prefill_sdpa(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                   const torch::Tensor& blocks, int64_t ctx, int64_t block_size, double scale) {
   const int64_t n = q.size(0), KVH = k_cache.size(1), hd = k_cache.size(2);
@@ -910,6 +940,146 @@ template <template <int> class P, typename T> static FlashFn<T> flash_for(int64_
 }
 #endif
 
+#if defined(__AMX_BF16__)
+// 2^t (float32; t <= 8 where it is used): 2^n 2^f, n the nearest integer, 2^f a degree-4 polynomial fitted on
+// [-1/2, 1/2] (relative error 2.7e-6, far below bf16's rounding), 2^n by scalef (t far below -126 gives 0); lanes
+// outside `keep` 0
+static inline __m512 exp2_ps(__m512 t, __mmask16 keep) {
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, n);
+  __m512 q = _mm512_set1_ps(9.5605102e-3f);
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.5917039e-2f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(2.4024981e-1f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.9312197e-1f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(9.9999919e-1f));
+  return _mm512_maskz_scalef_ps(keep, q, n);
+}
+
+// O^T's tiles (2 ..) to and from o [HD][16] float32
+template <int DT> static inline void store_o(float* o) {
+  _tile_stored(2, o, 64); _tile_stored(3, o + 256, 64);
+  if constexpr (DT > 2) { _tile_stored(4, o + 512, 64); _tile_stored(5, o + 768, 64); }
+}
+template <int DT> static inline void load_o(const float* o) {
+  _tile_loadd(2, o, 64); _tile_loadd(3, o + 256, 64);
+  if constexpr (DT > 2) { _tile_loadd(4, o + 512, 64); _tile_loadd(5, o + 768, 64); }
+}
+
+// bf16 prefill attention on AMX tiles for head_dim 32 and 64, transposed so that a query is a vector lane: a task is
+// one query head at 16 positions, walking the keys 32 at a time. Scores come as S^T = K Q^T (A: 16 keys x 32
+// dimensions of the packed keys; B: the task's queries in pairs of dimensions), so the online softmax's max, sum and
+// rescaling factor are vectors over the 16 queries, with no sums across lanes; the output as O^T = V^T P^T (A: 16
+// dimensions x 32 keys of the packed, transposed values; B: the probabilities in pairs of keys), held in tiles from
+// the first key to the last. The running max is moved only when a block's max passes it by more than 2^8 (then the
+// tiles go through memory once, rescaled), so probabilities reach at most 256, which float32 sums and bf16 hold
+// alike. Tiles: 0-1 the scores of 32 keys, 2 to 1 + hd / 16 the output, 6 an A, 7 a B.
+template <int HD> static void prefill_amx(const bf16* qp, const bf16* kc, const bf16* vc, const int64_t* bt, int64_t n,
+                                          int64_t ctx, int64_t H, int64_t KVH, int64_t block_size, float scale,
+                                          bf16* op) {
+  constexpr int DT = HD / 16;  // output tiles
+  const int64_t G = H / KVH, L = (ctx + 31) / 32 * 32, row = KVH * HD, past = ctx - n;
+  // the packs, [h][key][d] and [h][d][key], kept by the calling thread from call to call (fresh pages each call cost
+  // as much as the packing); keys past ctx: the scores' are masked, the values' must be 0 (0 x NaN is NaN)
+  static thread_local std::vector<bf16> kpack, vpack;
+  if ((int64_t)kpack.size() < KVH * L * HD) kpack.resize(KVH * L * HD), vpack.resize(KVH * L * HD);
+  bf16 *kpk = kpack.data(), *vpk = vpack.data();  // (a thread_local named in the workers would be theirs)
+  at::parallel_for(0, KVH * (L / 32), 1, [&](int64_t b, int64_t e) {
+    const bf16* v[32];
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t h = task / (L / 32), t0 = task % (L / 32) * 32, nt = std::min<int64_t>(32, ctx - t0);
+      bf16 *kp = kpk + h * L * HD, *vt = vpk + h * HD * L + t0;
+      for (int64_t t = 0; t < nt; ++t) {
+        const int64_t slot = bt[(t0 + t) / block_size] * block_size + (t0 + t) % block_size;
+        std::memcpy(kp + (t0 + t) * HD, kc + slot * row + h * HD, HD * sizeof(bf16));
+        v[t] = vc + slot * row + h * HD;
+      }
+      for (int64_t d = 0; d < HD; ++d) {
+        for (int64_t t = 0; t < nt; ++t) vt[d * L + t] = v[t][d];
+        for (int64_t t = nt; t < 32; ++t) vt[d * L + t] = bf16(0);
+      }
+    }
+  });
+  const int64_t nqb = (n + 15) / 16, tasks = H * nqb;
+  const float c = scale * 1.44269504f;  // scores to base 2
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+    alignas(64) bf16 qt[HD / 2 * 32], pt[16 * 32];  // B tiles: [d / 2][query][d % 2], [key / 2][query][key % 2]
+    alignas(64) float st[32 * 16], ot[HD * 16];     // S^T [key][query], O^T [d][query]
+    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t task; (task = next.fetch_add(1)) < tasks;) {
+      const int64_t i0 = (nqb - 1 - task / H) * 16, hq = task % H, h = hq / G;  // the last positions see the most keys
+      const int64_t rows = std::min<int64_t>(16, n - i0);
+      for (int64_t i = 0; i < 16; ++i)
+        for (int64_t d = 0; d < HD; ++d)
+          qt[d / 2 * 32 + i * 2 + d % 2] = i < rows ? qp[((i0 + i) * H + hq) * HD + d] : bf16(0);
+      // the last key each query sees (rows past the end see what the last one sees)
+      const __m512i last = _mm512_add_epi32(_mm512_set1_epi32((int)(past + i0)),
+                                            _mm512_min_epi32(lanes, _mm512_set1_epi32((int)rows - 1)));
+      const int64_t end = past + i0 + rows;  // keys the task sees
+      const bf16 *kp = kpk + h * L * HD, *vt = vpk + h * HD * L;
+      __m512 m = _mm512_set1_ps(-1e30f), l = _mm512_setzero_ps();
+      _tile_zero(2); _tile_zero(3);
+      if constexpr (DT > 2) { _tile_zero(4); _tile_zero(5); }
+      for (int64_t j0 = 0; j0 < end; j0 += 32) {
+        _tile_zero(0); _tile_zero(1);
+        for (int64_t d0 = 0; d0 < HD; d0 += 32) {
+          _tile_loadd(7, qt + d0 * 16, 64);
+          _tile_loadd(6, kp + j0 * HD + d0, HD * 2); _tile_dpbf16ps(0, 6, 7);
+          _tile_loadd(6, kp + (j0 + 16) * HD + d0, HD * 2); _tile_dpbf16ps(1, 6, 7);
+        }
+        _tile_stored(0, st, 64); _tile_stored(1, st + 256, 64);
+        const bool whole = j0 + 31 <= past + i0;  // every query sees every key of the block
+        __m512 mx = _mm512_set1_ps(-1e30f);
+        __mmask16 seen[32];
+        for (int j = 0; j < 32; ++j) {
+          seen[j] = whole ? (__mmask16)0xffff : _mm512_cmple_epi32_mask(_mm512_set1_epi32((int)(j0 + j)), last);
+          mx = _mm512_mask_max_ps(mx, seen[j], mx, _mm512_load_ps(st + 16 * j));
+        }
+        mx = _mm512_mul_ps(mx, _mm512_set1_ps(c));
+        if (_mm512_cmp_ps_mask(mx, _mm512_add_ps(m, _mm512_set1_ps(8.f)), _CMP_GT_OQ)) {  // the max moves
+          const __m512 m_new = _mm512_max_ps(m, mx), corr = exp2_ps(_mm512_sub_ps(m, m_new), 0xffff);
+          if (j0 > 0) {
+            store_o<DT>(ot);
+            for (int64_t d = 0; d < HD; ++d)
+              _mm512_store_ps(ot + 16 * d, _mm512_mul_ps(_mm512_load_ps(ot + 16 * d), corr));
+            load_o<DT>(ot);
+          }
+          l = _mm512_mul_ps(l, corr);
+          m = m_new;
+        }
+        const __m512 cv = _mm512_set1_ps(c), neg_m = _mm512_sub_ps(_mm512_setzero_ps(), m);
+        for (int j = 0; j < 32; j += 2) {
+          const __m512 a = exp2_ps(_mm512_fmadd_ps(_mm512_load_ps(st + 16 * j), cv, neg_m), seen[j]);
+          const __m512 b = exp2_ps(_mm512_fmadd_ps(_mm512_load_ps(st + 16 * j + 16), cv, neg_m), seen[j + 1]);
+          l = _mm512_add_ps(l, _mm512_add_ps(a, b));
+          _mm512_store_si512(pt + 16 * j, _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(b, a)));
+        }
+        _tile_loadd(7, pt, 64);
+        _tile_loadd(6, vt + j0, L * 2); _tile_dpbf16ps(2, 6, 7);
+        _tile_loadd(6, vt + 16 * L + j0, L * 2); _tile_dpbf16ps(3, 6, 7);
+        if constexpr (DT > 2) {
+          _tile_loadd(6, vt + 32 * L + j0, L * 2); _tile_dpbf16ps(4, 6, 7);
+          _tile_loadd(6, vt + 48 * L + j0, L * 2); _tile_dpbf16ps(5, 6, 7);
+        }
+      }
+      store_o<DT>(ot);
+      alignas(64) float inv[16];
+      _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), l));
+      for (int64_t i = 0; i < rows; ++i) {
+        bf16* o = op + ((i0 + i) * H + hq) * HD;
+        for (int64_t d = 0; d < HD; ++d) o[d] = to<bf16>(ot[16 * d + i] * inv[i]);
+      }
+    }
+    _tile_release();
+  });
+}
+
+#endif
+
 // q: [n, H, hd]; k_cache, v_cache: [slots, KVH, hd]; blocks: [nb] int64, the context's blocks; ctx >= n
 torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor blocks,
                                 int64_t ctx, int64_t block_size, double scale) {
@@ -931,9 +1101,14 @@ torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::T
       return out;
     }
   }
-#if defined(__AVX512BF16__) && !defined(__AMX_BF16__)  // with AMX, SDPA's AMX tiles: 2.3-3.6x these loops
+#if defined(__AVX512BF16__)
   if (q.scalar_type() == torch::kBFloat16) {
-    if (auto run = flash_for<Bf16Flash, bf16>(hd, 16)) {
+#if defined(__AMX_BF16__)  // with AMX, SDPA's AMX tiles were 2.3-3.6x the dot products' loops: the tiles here
+    auto run = !amx_linear_native() ? nullptr : hd == 64 ? prefill_amx<64> : hd == 32 ? prefill_amx<32> : nullptr;
+#else
+    auto run = flash_for<Bf16Flash, bf16>(hd, 16);
+#endif
+    if (run) {
       run(ptr<bf16>(q), ptr<bf16>(k_cache), ptr<bf16>(v_cache), bt, n, ctx, H, KVH, block_size, (float)scale,
           ptr<bf16>(out));
       return out;
@@ -1064,31 +1239,6 @@ torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
 // Emerald Rapids, this at 9-24: 1.5-2.1x as fast at 2-32 rows, 1.4x at 48, 1.2x at 64
 // (benchmarks/results/amx-linear-emr.md).
 #if defined(__AMX_BF16__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-constexpr int64_t AMX_MAX_ROWS = 64;
-
-bool amx_linear_native() {
-#if defined(__AMX_BF16__)
-  static const bool permitted = [] {  // Linux gives a process the tiles' state only once it asks for it
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
-  return permitted;
-#else
-  return false;
-#endif
-}
-
-#if defined(__AMX_BF16__)
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // One panel of 16 outputs for MT tiles of rows into c [MT][16][16]: tiles 0..MT-1 accumulate; 4 and 7 take turns
 // holding a full tile of rows, 5 the last tile of rows (as many rows as are left); 6 the weights.
 template <int MT>

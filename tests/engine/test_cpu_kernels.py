@@ -136,6 +136,27 @@ def test_paged_decode_of_few_long_sequences_cut_in_parts_matches_torch(dtype, th
     torch.testing.assert_close(ours, TorchKernels.paged_decode(*args), **tol(dtype))
 
 
+# what the AMX tiles' kernel (bf16, head_dim 32 and 64, where the CPU has AMX) does besides the cases above: the
+# engine's blocks of 16, contexts of many 32-key blocks ending mid-block, and a running max that moves after the
+# first block (a later key scoring far above the earlier ones, by more than the 2^8 it lets probabilities reach) or
+# by hundreds (the earlier keys' weights vanish)
+@pytest.mark.parametrize("hd", [64, 32])
+@pytest.mark.parametrize("n,ctx,boost", [(100, 100, 1.0), (45, 301, 1.0), (70, 200, 8.0), (33, 97, 60.0)])
+def test_prefill_attention_with_blocks_of_16_and_a_moving_max_matches_torch(hd, n, ctx, boost):
+    g = torch.Generator().manual_seed(ctx)
+    block_size, num_blocks = 16, 3 + -(-ctx // 16)
+    k = randn(num_blocks * block_size, 3, hd, dtype=torch.float32, g=g)
+    v = randn(num_blocks * block_size, 3, hd, dtype=torch.float32, g=g)
+    blocks = torch.randperm(num_blocks, generator=g)[:-(-ctx // block_size)]
+    slots = (blocks[:, None] * block_size + torch.arange(block_size)).flatten()[:ctx]
+    k[slots[40::37]] *= boost  # every 37th key from the 41st: each outscores all before it for the queries that agree
+    q = randn(n, 9, hd, dtype=torch.float32, g=g)
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    args = (blocks, ctx, block_size, hd ** -0.5)
+    expected = TorchKernels.prefill_attention(q.float(), k.float(), v.float(), *args)
+    torch.testing.assert_close(cpp.prefill_attention(q, k, v, *args).float(), expected, **tol(torch.bfloat16))
+
+
 @pytest.mark.skipif(not (cpp is not None and "avx512f" in open("/proc/cpuinfo").read()),
                     reason="the AVX2 build is tested where the native one is AVX-512")
 @pytest.mark.parametrize("dtype", DTYPES)

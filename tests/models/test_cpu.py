@@ -26,3 +26,21 @@ def test_an_avx2_march_hides_the_avx512_and_amx_flags_from_the_rules(march):
     assert {"avx2", "fma"} & native == {"avx2", "fma"} & haswell  # what haswell has stays as the CPU has it
     assert not cpu.has_native_bf16() and cpu.int4_int8_rows() is None and cpu.int4_max_rows(True) == 1
     assert cpu.auto_quantization("auto") == "int4"  # with float32 rows, as on an AVX2 machine
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler here")
+def test_every_cpp_module_builds_where_a_compiler_is(monkeypatch):
+    """A module that does not build serves its torch fallback, and its own tests skip ("no C++ toolchain here"): a
+    compile error would pass unseen. Where a compiler is, each must build (on CPUs with AVX2, as every x86 these
+    days has; the int8 and int4 kernels need it)."""
+    from inferd.models.cpu_kernels import load_cpp_kernels
+    from inferd.models.decode_loop import load_decode_loop
+    from inferd.models.int4_kernel import load_int4_kernel
+    from inferd.models.quant import load_int8_kernel
+
+    monkeypatch.delenv("INFERD_NO_CPP_KERNELS", raising=False)
+    assert load_cpp_kernels() is not None
+    assert load_decode_loop() is not None
+    if {"avx2", "fma"} <= cpu.cpu_flags():
+        assert load_int8_kernel() is not None
+        assert load_int4_kernel() is not None
