@@ -1,10 +1,12 @@
 """SmolLM2-135M's 120 layer linears (qkv, o, gate_up, down of its 30 layers) in bf16 at a few rows, as a decode
-step runs them: oneDNN's product on the weights prepacked once (inferd.models.packed.PackedLinear, AMX tiles where
+step runs them, or at a prefill chunk's (--rows 128,256,512: then GFLOP/s is the figure to read): oneDNN's product on the weights prepacked once (inferd.models.packed.PackedLinear, AMX tiles where
 the CPU has them) against cpu_kernels' `amx_linear` on the copy in pairs along K. One pass runs all 120 in a row,
 so each reads its weights from memory (270 MB); the two take turns, --repeats passes each per row count, medians.
 Needs a CPU with AMX.
 
     PYTHONPATH=. .venv/bin/python benchmarks/amx_linear.py --out benchmarks/results/amx-linear-emr.json
+    PYTHONPATH=. .venv/bin/python benchmarks/amx_linear.py --rows 65,128,256,384,512 \
+        --out benchmarks/results/amx-linear-many-rows-emr.json
 """
 import argparse
 import platform
@@ -33,6 +35,7 @@ def main() -> None:
     assert kernels is not None and kernels.amx_linear_native(), "no AMX bf16 on this CPU (or no C++ build)"
     weights = [w.to(torch.bfloat16) for w in layer_linears(load_model(None, progress=False).weights)]
     nbytes = sum(w.numel() * 2 for w in weights)
+    macs = sum(w.numel() for w in weights)  # a row's multiply-adds
     packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_FOR_BATCH) for w in weights]
     pairs = [pair_weights(w) for w in weights]
     linear, amx = torch.ops.mkldnn._linear_pointwise, kernels.amx_linear
@@ -51,10 +54,12 @@ def main() -> None:
                     run()
                     runs[name].append(time.perf_counter() - t)
             row = {name: {"ms": round(statistics.median(r[1:]) * 1e3, 3),
-                          "gb_s": round(nbytes / statistics.median(r[1:]) / 1e9, 1)} for name, r in runs.items()}
+                          "gb_s": round(nbytes / statistics.median(r[1:]) / 1e9, 1),
+                          "gflop_s": round(2 * macs * m / statistics.median(r[1:]) / 1e9)} for name, r in runs.items()}
             row["oneDNN / amx_linear"] = round(row["oneDNN"]["ms"] / row["amx_linear"]["ms"], 2)
             result["rows"][m] = row
-            print(f"rows {m:3d}: " + ", ".join(f"{n} {row[n]['ms']:.2f} ms ({row[n]['gb_s']} GB/s)" for n in targets)
+            print(f"rows {m:3d}: " + ", ".join(f"{n} {row[n]['ms']:.2f} ms ({row[n]['gb_s']} GB/s, "
+                                               f"{row[n]['gflop_s']} GFLOP/s)" for n in targets)
                   + f"; amx_linear {row['oneDNN / amx_linear']:.2f}x as fast", flush=True)
     save_report(result, table(result, " ".join(sys.argv[1:])), args.out)
 
@@ -64,11 +69,12 @@ def table(r: dict, args: str) -> str:
     lines = [f"# SmolLM2-135M's 120 layer linears in bf16 at a few rows: oneDNN (prepacked) against amx_linear "
              f"({r['date']}; {m['cpu']}, {m['threads']} threads, torch {m['torch']})", "",
              f"`PYTHONPATH=. .venv/bin/python benchmarks/amx_linear.py {args}`: ms for all 120 (weights from memory, "
-             f"{r['bytes'] / 1e6:.0f} MB), and the GB/s of their weight bytes.", "",
+             f"{r['bytes'] / 1e6:.0f} MB), the GB/s of their weight bytes and the GFLOP/s.", "",
              "| rows | oneDNN | amx_linear | amx_linear as fast as oneDNN |", "|---:|---:|---:|---:|"]
     for rows, v in r["rows"].items():
-        lines.append(f"| {rows} | {v['oneDNN']['ms']:.2f} ms ({v['oneDNN']['gb_s']} GB/s) | "
-                     f"{v['amx_linear']['ms']:.2f} ms ({v['amx_linear']['gb_s']} GB/s) | {v['oneDNN / amx_linear']:.2f}x |")
+        cell = [f"{v[n]['ms']:.2f} ms ({v[n]['gb_s']} GB/s, {v[n].get('gflop_s', '-')} GFLOP/s)"
+                for n in ("oneDNN", "amx_linear")]
+        lines.append(f"| {rows} | {cell[0]} | {cell[1]} | {v['oneDNN / amx_linear']:.2f}x |")
     return "\n".join(lines)
 
 

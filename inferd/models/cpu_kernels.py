@@ -1276,11 +1276,63 @@ static inline void amx_panel(const bf16* x, int64_t K, const bf16* panel, float*
 }
 #endif
 
+#if defined(__AMX_BF16__)
+// More rows than AMX_MAX_ROWS (a prefill's): blocks of 32 rows x 2 panels (32 outputs), 4 C tiles, each A tile (16
+// rows x 32 inputs) serving both panels and each B tile (a panel's 32 inputs) both row tiles: 4 loads a 4 products,
+// against 5 for 4 in amx_panel. A thread takes pairs of panels; their weights stay in its L2 while every block of
+// rows passes (the rows are re-read from L2 each pair). The last block is padded with zero rows.
+static void amx_many_rows(const bf16* xp, int64_t M, int64_t K, const bf16* wp, int64_t P, const float* bp, bf16* yp) {
+  const int64_t N = P * 16, blocks = (M + 31) / 32, tail = M - 32 * (blocks - 1);
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  at::parallel_for(0, (P + 1) / 2, 1, [&](int64_t q0, int64_t q1) {
+    _tile_loadconfig(&cfg);
+    alignas(64) float c[4 * 256];
+    std::vector<bf16> padded;  // the last block's rows, then zeros
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t p = 2 * q;
+      const bool two = p + 1 < P;
+      const bf16 *b0 = wp + p * 16 * K, *b1 = b0 + 16 * K;
+      for (int64_t r = 0; r < blocks; ++r) {
+        const int64_t rows = r + 1 < blocks ? 32 : tail;
+        const bf16* a = xp + 32 * r * K;
+        if (rows < 32) {
+          if (padded.empty()) {
+            padded.assign(32 * K, bf16(0));
+            std::memcpy(padded.data(), a, rows * K * sizeof(bf16));
+          }
+          a = padded.data();
+        }
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int64_t k = 0; k < K; k += 32) {
+          _tile_loadd(4, a + k, K * 2);
+          _tile_loadd(5, a + 16 * K + k, K * 2);
+          _tile_loadd(6, b0 + k * 16, 64);
+          _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 5, 6);
+          if (two) {
+            _tile_loadd(7, b1 + k * 16, 64);
+            _tile_dpbf16ps(2, 4, 7); _tile_dpbf16ps(3, 5, 7);
+          }
+        }
+        _tile_stored(0, c, 64); _tile_stored(1, c + 256, 64);
+        if (two) { _tile_stored(2, c + 512, 64); _tile_stored(3, c + 768, 64); }
+        for (int64_t h = 0; h < 1 + two; ++h) {  // panel p + h: c [h][row][16]
+          const __m512 b = bp ? _mm512_loadu_ps(bp + (p + h) * 16) : _mm512_setzero_ps();
+          for (int64_t m = 0; m < rows; ++m)
+            _mm256_storeu_si256((__m256i*)(yp + (32 * r + m) * N + (p + h) * 16),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c + 512 * h + 16 * m), b)));
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
+
 torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
   TORCH_CHECK(amx_linear_native(), "amx_linear needs a build with AMX bf16, on a kernel that lets it use the tiles");
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= AMX_MAX_ROWS && x.scalar_type() == torch::kBFloat16
-              && x.is_contiguous() && x.size(1) % 32 == 0,
-              "x must be 1-64 contiguous bfloat16 rows of a multiple of 32 inputs");
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous()
+              && x.size(1) % 32 == 0, "x must be contiguous bfloat16 rows of a multiple of 32 inputs");
   TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 2 && w.scalar_type() == torch::kBFloat16
               && w.is_contiguous() && w.size(1) * 2 == x.size(1), "w must be [N / 16, K / 2, 16, 2] bfloat16");
   const int64_t M = x.size(0), K = x.size(1), P = w.size(0), N = P * 16;
@@ -1292,6 +1344,10 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
   const bf16* wp = ptr<bf16>(w);
   const float* bp = bias.numel() ? ptr<float>(bias) : nullptr;
   bf16* yp = ptr<bf16>(y);
+  if (M > AMX_MAX_ROWS) {
+    amx_many_rows(xp, M, K, wp, P, bp, yp);
+    return y;
+  }
   const int tiles = (int)((M + 15) / 16), last = (int)(M - 16 * (tiles - 1));
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;

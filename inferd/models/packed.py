@@ -16,13 +16,18 @@ log = logging.getLogger(__name__)
 EMPTY = torch.empty(0)
 
 PACK_FOR_BATCH = 32  # the packing oneDNN picks for this M serves all M measured (1..1024)
-AMX_MAX_ROWS = 64  # cpu_kernels' amx_linear takes up to this many rows
+AMX_MAX_ROWS = 64  # cpu_kernels' amx_linear's decode rows: up to this many, every linear
+AMX_MANY_ROWS_MAX_OUT = 1024  # above, a prefill's rows: linears of at most this many outputs (below)
 
 
 class PackedLinear(nn.Module):
     """one_row: the C++ ops (inferd.models.cpu_kernels) to run a single bf16 row on, from a second copy of the
     weights in pairs along K (`pair_weights`), or None: every batch on oneDNN. Where those ops multiply on AMX
-    tiles (`amx_linear_native`), 2-64 bf16 rows run there too, from the same copy (K a multiple of 32)."""
+    tiles (`amx_linear_native`), 2-64 bf16 rows run there too, from the same copy (K a multiple of 32), and so do
+    more rows (a prefill's) where the linear has at most AMX_MANY_ROWS_MAX_OUT outputs: on an Emerald Rapids
+    oneDNN's prepacked product ran SmolLM2's 576-output linears (o_proj, down_proj) at 1,200-1,500 GFLOP/s at 384-512
+    rows, amx_linear at 2,200-2,400; its 3,072-output gate_up at 2,300-2,500 against amx_linear's 1,800-1,900
+    (benchmarks/README.md, "Prefill on AMX tiles")."""
 
     def __init__(self, linear: nn.Linear, one_row=None):
         super().__init__()
@@ -43,7 +48,9 @@ class PackedLinear(nn.Module):
             return None
         if rows == 1:
             return "one_row_linear"
-        return "amx_linear" if self.amx and 2 <= rows <= AMX_MAX_ROWS else None
+        if rows > AMX_MAX_ROWS and self.out_features > AMX_MANY_ROWS_MAX_OUT:
+            return None
+        return "amx_linear" if self.amx else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x.dtype)(x.reshape(-1, self.in_features).contiguous())
@@ -63,12 +70,11 @@ class PackedLinear(nn.Module):
         if self.one_row is None:
             return lambda x: linear(x, packed, bias, "none", [None], "")
         pairs, row_bias, n = self.pairs, self.row_bias, self.out_features
-        names = [self._row_kernel(rows, dtype) for rows in range(AMX_MAX_ROWS + 1)]  # the rule, looked up per call
-        by_rows = [None if name is None else getattr(self.one_row, name) for name in names]
+        names = [self._row_kernel(rows, dtype) for rows in range(AMX_MAX_ROWS + 2)]  # the rule, looked up per call
+        by_rows = [None if name is None else getattr(self.one_row, name) for name in names]  # [-1]: any more rows
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            m = x.shape[0]
-            kernel = by_rows[m] if m <= AMX_MAX_ROWS else None
+            kernel = by_rows[min(x.shape[0], AMX_MAX_ROWS + 1)]
             if kernel is None:
                 return linear(x, packed, bias, "none", [None], "")
             y = kernel(x, pairs, row_bias)

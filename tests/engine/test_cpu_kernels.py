@@ -237,14 +237,27 @@ needs_amx = pytest.mark.skipif(cpp is None or not cpp.amx_linear_native(),
 @needs_amx
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out_features,in_features", [(576, 576), (40, 64), (16, 1536), (50, 96)])
-def test_amx_linear_matches_torch_at_2_to_64_rows(out_features, in_features, bias):
+def test_amx_linear_matches_torch_at_any_rows(out_features, in_features, bias):
     linear, layer = row_layer(out_features, in_features, bias)
-    assert [layer.kernel_call(rows, torch.bfloat16) is not None for rows in (1, 2, 64, 65)] == [True] * 3 + [False]
-    assert_rows_match_torch(linear, layer, (2, 3, 15, 16, 17, 33, 48, 63, 64, 65))  # every count of tiles; 65: oneDNN
-    with pytest.raises(RuntimeError, match="1-64 contiguous bfloat16 rows"):
-        cpp.amx_linear(torch.zeros(65, in_features, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
+    assert all(layer.kernel_call(rows, torch.bfloat16) is not None for rows in (1, 2, 64, 65, 512))
+    # every count of tiles up to 64; above, blocks of 32 rows and pairs of panels, the last block short or whole
+    assert_rows_match_torch(linear, layer, (2, 3, 15, 16, 17, 33, 48, 63, 64, 65, 80, 96, 100, 129))
+    with pytest.raises(RuntimeError, match="contiguous bfloat16 rows"):
+        cpp.amx_linear(torch.zeros(in_features, 3, dtype=torch.bfloat16).t(), layer.pairs, layer.row_bias)
     with pytest.raises(RuntimeError, match="w must be"):
         cpp.amx_linear(torch.zeros(2, in_features + 32, dtype=torch.bfloat16), layer.pairs, layer.row_bias)
+
+
+@needs_amx
+def test_a_prefills_rows_of_a_wide_linear_stay_on_onednn():  # AMX_MANY_ROWS_MAX_OUT: faster there
+    linear, layer = row_layer(1040, 64, True)
+    assert layer.kernel_call(64, torch.bfloat16) is not None and layer.kernel_call(65, torch.bfloat16) is None
+    assert_rows_match_torch(linear, layer, (64, 65, 100))
+    g = torch.Generator().manual_seed(1)
+    x = randn(100, 64, dtype=torch.bfloat16, g=g)  # the kernel itself takes them
+    torch.testing.assert_close(cpp.amx_linear(x, layer.pairs, layer.row_bias)[:, :1040].float(),
+                               torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float()),
+                               **tol(torch.bfloat16))
 
 
 @needs_amx
