@@ -1,6 +1,8 @@
 """SmolLM2-135M's 120 layer linears (qkv, o, gate_up, down of its 30 layers) in bf16 at a few rows, as a decode
-step runs them, or at a prefill chunk's (--rows 128,256,512: then GFLOP/s is the figure to read): oneDNN's product on the weights prepacked once (inferd.models.packed.PackedLinear, AMX tiles where
-the CPU has them) against cpu_kernels' `amx_linear` on the copy in pairs along K. One pass runs all 120 in a row,
+step runs them, or at a prefill chunk's (--rows 128,256,512: then GFLOP/s is the figure to read): oneDNN's product
+on the weights prepacked once (inferd.models.packed.PackedLinear, AMX tiles where the CPU has them) against
+cpu_kernels' `amx_linear` on the copy in pairs along K (above 64 rows the engine takes it only for linears of at
+most packed.AMX_MANY_ROWS_MAX_OUT outputs; here all 120 run on each). One pass runs all 120 in a row,
 so each reads its weights from memory (270 MB); the two take turns, --repeats passes each per row count, medians.
 Needs a CPU with AMX.
 
