@@ -85,9 +85,17 @@ def wait_for(browser, css: str, text: str = "", timeout_s: float = 30.0):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
-    condition = (ec.text_to_be_present_in_element((By.CSS_SELECTOR, css), text) if text
-                 else ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import TimeoutException, WebDriverException
+    found = (ec.text_to_be_present_in_element((By.CSS_SELECTOR, css), text) if text
+             else ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
+
+    def condition(driver):  # a look while the page navigates (sign-out reloads it) is "not yet", not an error
+        try:
+            return found(driver)
+        except WebDriverException as e:
+            if "navigat" not in str(e):
+                raise
+            return False
     try:
         WebDriverWait(browser, timeout_s).until(condition)
     except TimeoutException:
