@@ -3,6 +3,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferd.bench.errors import WorkloadError
+from inferd.protocol.jsonl import jsonl_lines
 
 FIELDS = {"arrival_offset_s", "input_tokens", "text", "output_tokens"}
 
@@ -21,10 +22,8 @@ def read_trace(path: Path) -> list[TraceEntry]:
     if not path.is_file():
         raise WorkloadError(f"trace file {path} does not exist")
     entries = []
-    # lines end at \n only (not splitlines): a JSON string may hold U+2028
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-        if line.strip():
-            entries.append(parse_entry(line, f"{path}:{lineno}"))
+    for lineno, line in jsonl_lines(path.read_text(encoding="utf-8")):
+        entries.append(parse_entry(line, f"{path}:{lineno}"))
     if not entries:
         raise WorkloadError(f"trace file {path} has no entries")
     return sorted(entries, key=lambda e: e.arrival_offset_s)

@@ -25,6 +25,7 @@ from inferd.control.pool import ReplicaPool
 from inferd.control.quality import GateResults, describe, quality_regressions, same_run, score
 from inferd.control.spec import QualitySpec, RolloutSpec
 from inferd.gateway.deployments import Deployment, Deployments
+from inferd.protocol.jsonl import jsonl_lines
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,7 @@ class Probe:
 def read_probes(path: str | Path) -> list[Probe]:
     """A JSONL probe set, one {"messages": [...], "expect": "regex", "max_tokens"?: n} per line."""
     probes = []
-    # lines end at \n only (not splitlines): a JSON string may hold U+2028
-    for i, line in enumerate(Path(path).expanduser().read_text().split("\n"), 1):
-        if not line.strip():
-            continue
+    for i, line in jsonl_lines(Path(path).expanduser().read_text()):
         try:
             raw = json.loads(line)
             assert isinstance(raw, dict) and set(raw) <= {"messages", "expect", "max_tokens"}, "unknown fields"

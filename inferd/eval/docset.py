@@ -4,6 +4,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferd.protocol.jsonl import jsonl_lines
+
 BEHAVIOURS = ("answer", "decline", "conflict")
 SPLITS = ("tuning", "acceptance")
 DEFAULT_SET = Path(__file__).resolve().parents[2] / "evals" / "docqa-v1"  # in a source checkout
@@ -63,11 +65,10 @@ def load_set(folder: str | Path) -> EvalSet:
     folder = Path(folder).expanduser()
     try:
         template = Template(**json.loads((folder / "prompt.json").read_text()))
-        # lines end at \n only (not splitlines): a JSON string may hold U+2028
-        lines = (folder / "items.jsonl").read_text().split("\n")
+        lines = jsonl_lines((folder / "items.jsonl").read_text())
     except (OSError, TypeError, ValueError) as exc:
         raise SetError(f"{folder}: {exc}") from None
-    items = tuple(_item(line, f"{folder / 'items.jsonl'}:{n}") for n, line in enumerate(lines, 1) if line.strip())
+    items = tuple(_item(line, f"{folder / 'items.jsonl'}:{n}") for n, line in lines)
     if len({i.id for i in items}) != len(items):
         raise SetError(f"{folder / 'items.jsonl'}: item ids repeat")
     return EvalSet(folder.name, template, items)
