@@ -9,6 +9,12 @@ Needs a CPU with AMX.
     PYTHONPATH=. .venv/bin/python benchmarks/amx_linear.py --out benchmarks/results/amx-linear-emr.json
     PYTHONPATH=. .venv/bin/python benchmarks/amx_linear.py --rows 65,128,256,384,512 \
         --out benchmarks/results/amx-linear-many-rows-emr.json
+    PYTHONPATH=. .venv/bin/python benchmarks/amx_linear.py --shapes --rows 96,128,256,384,512 \
+        --out benchmarks/results/amx-linear-shapes-emr.json
+
+--shapes: each distinct layer shape alone, hot (its weights and rows in cache, as a prefill chunk's linear finds
+them), oneDNN's prepacked product, amx_linear and torch's F.linear on the plain weights, GFLOP/s by turns: the
+measure behind packed.AMX_MANY_ROWS_MAX_OUT. With it the bf16 matmul peak (limits.py) at one thread and at all.
 """
 import argparse
 import platform
@@ -31,11 +37,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="2,4,8,16,24,32,48,64")
     ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--shapes", action="store_true", help="each distinct shape alone, hot (see above)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     kernels = load_cpp_kernels()
     assert kernels is not None and kernels.amx_linear_native(), "no AMX bf16 on this CPU (or no C++ build)"
     weights = [w.to(torch.bfloat16) for w in layer_linears(load_model(None, progress=False).weights)]
+    if args.shapes:
+        return shapes(kernels, weights, [int(r) for r in args.rows.split(",")], args.repeats, args.out)
     nbytes = sum(w.numel() * 2 for w in weights)
     macs = sum(w.numel() for w in weights)  # a row's multiply-adds
     packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_FOR_BATCH) for w in weights]
@@ -64,6 +73,50 @@ def main() -> None:
                                                f"{row[n]['gflop_s']} GFLOP/s)" for n in targets)
                   + f"; amx_linear {row['oneDNN / amx_linear']:.2f}x as fast", flush=True)
     save_report(result, table(result, " ".join(sys.argv[1:])), args.out)
+
+
+def shapes(kernels, weights: list[torch.Tensor], rows: list[int], repeats: int, out: str | None) -> None:
+    from benchmarks.limits import matmul_peak
+
+    threads = torch.get_num_threads()
+    peaks = {}
+    for n in (1, threads):
+        torch.set_num_threads(n)
+        peaks[n] = round(matmul_peak(torch.bfloat16) / 1e9)
+    torch.set_num_threads(threads)
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"cpu": _cpu_name(), "threads": threads, "torch": torch.__version__,
+                          "bf16_matmul_peak_gflop_s_by_threads": peaks}, "shapes": {}}
+    print(f"bf16 matmul peak by threads: {peaks} GFLOP/s", flush=True)
+    linear = torch.ops.mkldnn._linear_pointwise
+    with torch.inference_mode():
+        for w in {tuple(w.shape): w for w in weights}.values():
+            packed, pairs = torch.ops.mkldnn._reorder_linear_weight(w, PACK_FOR_BATCH), pair_weights(w)
+            row = {}
+            for m in rows:
+                x = torch.randn(m, w.shape[1]).bfloat16()
+                targets = {"oneDNN": lambda: linear(x, packed, None, "none", [None], ""),
+                           "amx_linear": lambda: kernels.amx_linear(x, pairs, EMPTY),
+                           "F.linear": lambda: torch.nn.functional.linear(x, w)}
+                runs = {name: [] for name in targets}
+                for _ in range(repeats + 1):  # the first pass warms
+                    for name, run in targets.items():
+                        t = time.perf_counter()
+                        run()
+                        runs[name].append(time.perf_counter() - t)
+                row[m] = {name: round(2 * w.numel() * m / statistics.median(r[1:]) / 1e9) for name, r in runs.items()}
+            label = f"{w.shape[0]}x{w.shape[1]}"
+            result["shapes"][label] = row
+            print(f"{label} (outputs x inputs), GFLOP/s: "
+                  + "; ".join(f"{m} rows " + "/".join(str(v) for v in r.values()) for m, r in row.items())
+                  + " (oneDNN/amx_linear/F.linear)", flush=True)
+    lines = [f"# SmolLM2-135M's layer shapes alone, hot, bf16: GFLOP/s ({result['date']}; {_cpu_name()}, {threads} "
+             f"threads, torch {torch.__version__}; bf16 matmul peak {peaks} GFLOP/s by threads)", "",
+             "| outputs x inputs | rows | oneDNN (prepacked) | amx_linear | F.linear |", "|---|---:|---:|---:|---:|"]
+    for label, row in result["shapes"].items():
+        for m, v in row.items():
+            lines.append(f"| {label} | {m} | {v['oneDNN']} | {v['amx_linear']} | {v['F.linear']} |")
+    save_report(result, "\n".join(lines), out)
 
 
 def table(r: dict, args: str) -> str:

@@ -90,8 +90,9 @@ def main() -> None:
         rows = {}
         for b in prefills or batches:
             key = f"prefill {b}" if prefills else b
-            for e in engines.values():  # warm: a first prompt builds what later ones reuse
-                prefill_tok_s(e, b, seed=10_000) if prefills else None
+            if prefills:
+                for e in engines.values():  # warm: a first prompt builds what later ones reuse
+                    prefill_tok_s(e, b, seed=10_000)
             runs = {"on": [], "off": []}
             for round_ in range(args.repeats):
                 for name in ("on", "off") if round_ % 2 == 0 else ("off", "on"):

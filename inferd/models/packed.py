@@ -24,10 +24,10 @@ class PackedLinear(nn.Module):
     """one_row: the C++ ops (inferd.models.cpu_kernels) to run a single bf16 row on, from a second copy of the
     weights in pairs along K (`pair_weights`), or None: every batch on oneDNN. Where those ops multiply on AMX
     tiles (`amx_linear_native`), 2-64 bf16 rows run there too, from the same copy (K a multiple of 32), and so do
-    more rows (a prefill's) where the linear has at most AMX_MANY_ROWS_MAX_OUT outputs: on an Emerald Rapids
-    oneDNN's prepacked product ran SmolLM2's 576-output linears (o_proj, down_proj) at 1,200-1,500 GFLOP/s at 384-512
-    rows, amx_linear at 2,200-2,400; its 3,072-output gate_up at 2,300-2,500 against amx_linear's 1,800-1,900
-    (benchmarks/README.md, "Prefill on AMX tiles")."""
+    more rows (a prefill's) where the linear has at most AMX_MANY_ROWS_MAX_OUT outputs: on an Emerald Rapids,
+    each shape alone, oneDNN's prepacked product ran SmolLM2's 576-output linears (o_proj, down_proj) at 1,290-1,530
+    GFLOP/s at 384-512 rows, amx_linear at 2,100-2,630; its 3,072-output gate_up at 2,820-3,070 from 256 rows against
+    amx_linear's 2,240-2,390; the 960-output qkv is about even (benchmarks/results/amx-linear-shapes-emr.md)."""
 
     def __init__(self, linear: nn.Linear, one_row=None):
         super().__init__()
