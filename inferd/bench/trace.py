@@ -3,7 +3,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferd.bench.errors import WorkloadError
-from inferd.protocol.jsonl import jsonl_lines
+from inferd.eval.jsonl import jsonl_lines
 
 FIELDS = {"arrival_offset_s", "input_tokens", "text", "output_tokens"}
 

@@ -25,7 +25,7 @@ from inferd.control.pool import ReplicaPool
 from inferd.control.quality import GateResults, describe, quality_regressions, same_run, score
 from inferd.control.spec import QualitySpec, RolloutSpec
 from inferd.gateway.deployments import Deployment, Deployments
-from inferd.protocol.jsonl import jsonl_lines
+from inferd.eval.jsonl import jsonl_lines
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferd.protocol.jsonl import jsonl_lines
+from inferd.eval.jsonl import jsonl_lines
 
 BEHAVIOURS = ("answer", "decline", "conflict")
 SPLITS = ("tuning", "acceptance")

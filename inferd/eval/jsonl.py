@@ -1,4 +1,5 @@
-"""JSON Lines files (bench traces, eval sets, rollout probe sets): their lines."""
+"""JSON Lines files (eval sets, and the bench traces and rollout probe sets, which import it from here: eval is the
+layer both may reach): their lines."""
 
 
 def jsonl_lines(text: str) -> list[tuple[int, str]]:
