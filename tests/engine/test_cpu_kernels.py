@@ -136,6 +136,33 @@ def test_paged_decode_of_few_long_sequences_cut_in_parts_matches_torch(dtype, th
     torch.testing.assert_close(ours, TorchKernels.paged_decode(*args), **tol(dtype))
 
 
+# bf16 decode attention on the engine's blocks of 16 (and 32): contexts of one position, ending mid-block, at a
+# block's end and one past it; 9 query heads on 3 KV heads, 16 and 18 on one; one key far above the rest; every slot
+# no context covers holding NaN (a kernel that read one, for a score or a value, would turn the output NaN).
+@pytest.mark.parametrize("hd", [64, 32])
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (16, 1), (18, 1)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_paged_decode_with_blocks_of_16_and_unused_slots_of_nan_matches_torch(hd, heads, kv_heads, block_size):
+    g = torch.Generator().manual_seed(hd + heads + block_size)
+    lens = [1, 15, 16, 17, 33, 200, 301]
+    width = -(-max(lens) // block_size)
+    num_blocks = width * len(lens)
+    tables = torch.randperm(num_blocks, generator=g).view(len(lens), width)
+    k_cache = torch.full((num_blocks * block_size, kv_heads, hd), float("nan"), dtype=torch.bfloat16)
+    v_cache = k_cache.clone()
+    for table, n in zip(tables, lens):
+        slots = (table[:, None] * block_size + torch.arange(block_size)).flatten()[:n]
+        k_cache[slots] = randn(n, kv_heads, hd, dtype=torch.bfloat16, g=g)
+        v_cache[slots] = randn(n, kv_heads, hd, dtype=torch.bfloat16, g=g)
+    k_cache[tables[5, 3] * block_size + 5] *= 8  # a key of the 200-position context far above the others
+    q = randn(len(lens), heads, hd, dtype=torch.bfloat16, g=g) * 3
+    args = q, k_cache, v_cache, tables, torch.tensor(lens), block_size, hd ** -0.5
+    ours = cpp.paged_decode(*args)
+    clean = q, k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0), *args[3:]  # torch's 0 x NaN would be NaN
+    assert not ours.isnan().any()
+    torch.testing.assert_close(ours, TorchKernels.paged_decode(*clean), **tol(torch.bfloat16))
+
+
 # what the AMX tiles' kernel (bf16, head_dim 32 and 64, where the CPU has AMX) does besides the cases above: the
 # engine's blocks of 16, contexts of many 32-key blocks ending mid-block, and a running max that moves after the
 # first block (a later key scoring far above the earlier ones, by more than the 2^8 it lets probabilities reach) or
