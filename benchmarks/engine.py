@@ -169,7 +169,7 @@ def main() -> None:
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
               "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "python": platform.python_version(),
                           "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                          "load_average_before": _loadavg()},
+                          "load_average_before": _loadavg(), "isa_limits": limits.isa_limits()},
               "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": NEW_TOKENS, "prefill_tokens": PREFILL_LEN},
               "inferd": {}, "transformers": {}}
     if args.threads:

@@ -14,6 +14,7 @@ above 1 then say so, not a fault of the measure).
     PYTHONPATH=. .venv/bin/python benchmarks/limits.py  # prints this machine's limits
 """
 import json
+import os
 import statistics
 import time
 
@@ -25,6 +26,18 @@ from inferd.models.huge_pages import huge_page_bytes
 from inferd.models.int4 import Int4Linear
 from inferd.models.packed import PackedLinear
 from inferd.models.quant import Int8Linear, SmallRowsInt8
+
+
+# The settings that run another machine's code here: AVX2 alone on an AVX-512 one is INFERD_KERNEL_MARCH=haswell
+# (inferd's C++ kernels), ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN), ATEN_CPU_CAPABILITY=avx2 (torch's own loops) and, on an
+# Intel CPU, MKL_ENABLE_INSTRUCTIONS=AVX2 (MKL, torch's float32 matmul: without it an Emerald Rapids ran it at 384
+# GFLOP/s on AVX-512, with it 203).
+ISA_LIMITS = ("INFERD_KERNEL_MARCH", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def isa_limits() -> str:
+    """Those of ISA_LIMITS set in this process, as NAME=value words; "none" where none is."""
+    return " ".join(f"{n}={os.environ[n]}" for n in ISA_LIMITS if os.environ.get(n)) or "none"
 
 
 def best_seconds(fn, repeats: int = 5) -> float:

@@ -14,10 +14,10 @@ token. It computes on the GGUF's own Q4_1 weights (no dequantization), KV cache 
 
 An AVX2 machine's code on an AVX-512 one: llama.cpp built for AVX2 alone in a venv of its own (CMAKE_ARGS="-DGGML_NATIVE=OFF
 -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF" pip install --no-cache-dir llama-cpp-python==0.3.36),
-and inferd's kernels, oneDNN and torch kept to AVX2:
+and inferd's kernels, oneDNN, torch and MKL kept to AVX2 (benchmarks/limits.py, ISA_LIMITS):
 
-    INFERD_KERNEL_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=. .venv/bin/python \
-        benchmarks/llamacpp.py --llama-python AVX2_VENV/bin/python --variants float32/none,float32/int8,float32/int4
+    INFERD_KERNEL_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        PYTHONPATH=. .venv/bin/python benchmarks/llamacpp.py --llama-python AVX2_VENV/bin/python --variants float32/none,float32/int8,float32/int4
 
 On first use it creates benchmarks/.venvs/llama (python3.11 -m venv, then pip install
 llama-cpp-python==0.3.36, which builds llama.cpp: 11-45 minutes); --llama-python names another python.
@@ -164,6 +164,7 @@ def main() -> None:
 
     import torch
 
+    from benchmarks import limits
     from benchmarks.engine import _cpu_name, random_prompts
     from benchmarks.venvs import ensure_venv
     from inferd.models.loader import default_model_path, load_model
@@ -177,7 +178,7 @@ def main() -> None:
     vocab = model.config.vocab_size
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": str(default_model_path().name),
               "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                          "load_average_before": _loadavg(), "isa_limits": _isa_limits()},
+                          "load_average_before": _loadavg(), "isa_limits": limits.isa_limits()},
               "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": NEW_TOKENS, "prefill_tokens": PREFILL_LEN,
                            "repeats": args.repeats}}
     spec = {"model_path": str(default_model_path()), "threads": torch.get_num_threads(), "repeats": args.repeats,
@@ -219,12 +220,6 @@ def markdown(r: dict) -> str:
         lines.append(f"| {text} | " + " | ".join(str(get(r[n])["median_tok_s"]) for n in names)
                      + f" | {best / get(r['llama.cpp'])['median_tok_s']:.2f}x |")
     return "\n".join(lines)
-
-
-def _isa_limits() -> str:
-    """The settings that run another machine's code here (INFERD_KERNEL_MARCH=haswell and the like: AVX2 alone)."""
-    names = ("INFERD_KERNEL_MARCH", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
-    return " ".join(f"{n}={os.environ[n]}" for n in names if os.environ.get(n)) or "none"
 
 
 def _loadavg() -> str:

@@ -31,7 +31,8 @@ def cpu_flags() -> frozenset[str]:
 def kernel_march(march: str = "native") -> str:
     """-march of a C++ kernel build: `march`, where "native" (this CPU's own) gives way to INFERD_KERNEL_MARCH,
     which benchmarks set to run another machine's loops here (haswell: AVX2 alone on an AVX-512 machine, beside
-    ONEDNN_MAX_CPU_ISA=AVX2 and ATEN_CPU_CAPABILITY=avx2 for oneDNN and torch)."""
+    ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2 and MKL_ENABLE_INSTRUCTIONS=AVX2 for oneDNN, torch and MKL:
+    benchmarks/limits.py, ISA_LIMITS)."""
     return os.environ.get("INFERD_KERNEL_MARCH", "native") if march == "native" else march
 
 
