@@ -58,21 +58,25 @@ def main() -> None:
             xs = [torch.randn(m, w.shape[1]).bfloat16() for w in weights]
             targets = {"oneDNN": lambda: [linear(x, p, None, "none", [None], "") for x, p in zip(xs, packed)],
                        "amx_linear": lambda: [amx(x, p, EMPTY) for x, p in zip(xs, pairs)]}
-            runs = {name: [] for name in targets}
-            for _ in range(args.repeats + 1):  # the first pass warms
-                for name, run in targets.items():
-                    t = time.perf_counter()
-                    run()
-                    runs[name].append(time.perf_counter() - t)
-            row = {name: {"ms": round(statistics.median(r[1:]) * 1e3, 3),
-                          "gb_s": round(nbytes / statistics.median(r[1:]) / 1e9, 1),
-                          "gflop_s": round(2 * macs * m / statistics.median(r[1:]) / 1e9)} for name, r in runs.items()}
+            row = {name: {"ms": round(s * 1e3, 3), "gb_s": round(nbytes / s / 1e9, 1),
+                          "gflop_s": round(2 * macs * m / s / 1e9)} for name, s in by_turns(targets, args.repeats).items()}
             row["oneDNN / amx_linear"] = round(row["oneDNN"]["ms"] / row["amx_linear"]["ms"], 2)
             result["rows"][m] = row
             print(f"rows {m:3d}: " + ", ".join(f"{n} {row[n]['ms']:.2f} ms ({row[n]['gb_s']} GB/s, "
                                                f"{row[n]['gflop_s']} GFLOP/s)" for n in targets)
                   + f"; amx_linear {row['oneDNN / amx_linear']:.2f}x as fast", flush=True)
     save_report(result, table(result, " ".join(sys.argv[1:])), args.out)
+
+
+def by_turns(targets: dict, repeats: int) -> dict[str, float]:
+    """Each target's median seconds over `repeats` passes, the targets taking turns; a first pass warms."""
+    runs = {name: [] for name in targets}
+    for _ in range(repeats + 1):
+        for name, run in targets.items():
+            t = time.perf_counter()
+            run()
+            runs[name].append(time.perf_counter() - t)
+    return {name: statistics.median(r[1:]) for name, r in runs.items()}
 
 
 def shapes(kernels, weights: list[torch.Tensor], rows: list[int], repeats: int, out: str | None) -> None:
@@ -98,13 +102,7 @@ def shapes(kernels, weights: list[torch.Tensor], rows: list[int], repeats: int, 
                 targets = {"oneDNN": lambda: linear(x, packed, None, "none", [None], ""),
                            "amx_linear": lambda: kernels.amx_linear(x, pairs, EMPTY),
                            "F.linear": lambda: torch.nn.functional.linear(x, w)}
-                runs = {name: [] for name in targets}
-                for _ in range(repeats + 1):  # the first pass warms
-                    for name, run in targets.items():
-                        t = time.perf_counter()
-                        run()
-                        runs[name].append(time.perf_counter() - t)
-                row[m] = {name: round(2 * w.numel() * m / statistics.median(r[1:]) / 1e9) for name, r in runs.items()}
+                row[m] = {name: round(2 * w.numel() * m / s / 1e9) for name, s in by_turns(targets, repeats).items()}
             label = f"{w.shape[0]}x{w.shape[1]}"
             result["shapes"][label] = row
             print(f"{label} (outputs x inputs), GFLOP/s: "
