@@ -30,8 +30,8 @@ from inferd.models.quant import Int8Linear, SmallRowsInt8
 
 # The settings that run another machine's code here: AVX2 alone on an AVX-512 one is INFERD_KERNEL_MARCH=haswell
 # (inferd's C++ kernels), ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN), ATEN_CPU_CAPABILITY=avx2 (torch's own loops) and, on an
-# Intel CPU, MKL_ENABLE_INSTRUCTIONS=AVX2 (MKL, torch's float32 matmul: without it an Emerald Rapids ran it at 384
-# GFLOP/s on AVX-512, with it 203).
+# Intel CPU, MKL_ENABLE_INSTRUCTIONS=AVX2 (MKL, torch's float32 matmul: without it an Emerald Rapids ran it at 438
+# GFLOP/s on AVX-512, with it 226: results/limits-avx2-code-mkl-{unlimited,avx2}-emr.json).
 ISA_LIMITS = ("INFERD_KERNEL_MARCH", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
@@ -150,5 +150,5 @@ def share(cost: dict, seconds: float, limits: dict, dtype: torch.dtype) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"threads": torch.get_num_threads(),
+    print(json.dumps({"threads": torch.get_num_threads(), "isa_limits": isa_limits(),
                       **machine_limits({torch.float32, torch.bfloat16})}, indent=2))
