@@ -6,17 +6,19 @@ passes per size, the candidates taking turns.
 --dtype bfloat16: our Q4_1 kernel (inferd.models.int4_kernel, AVX-512 BF16), torch's
 `_weight_int4pack_mm_for_cpu` on the same weights, and the dense bf16 copy the engine takes above int4_max_rows
 (oneDNN prepacked).
---dtype float32: our Q4_1 kernel's float32 rows (AVX2 loops), our int8 kernel (inferd.models.quant), and the
-dense float32 copy (oneDNN prepacked). `--march haswell` builds our kernels for AVX2 alone; with
-ONEDNN_MAX_CPU_ISA=AVX2 and ATEN_CPU_CAPABILITY=avx2 oneDNN and torch keep to AVX2 too: an AVX2 machine's code
-on this one (its memory and cores stay this machine's).
+--dtype float32: our Q4_1 kernel's float32 rows (AVX2 loops: 16-bit inputs, int8 ones from int4_int8_rows rows, as
+the engine calls it), our int8 kernel (inferd.models.quant), and a dense float32 copy (oneDNN prepacked).
+`--march haswell` builds our kernels for AVX2 alone; with the other limits of benchmarks/limits.py (ISA_LIMITS)
+oneDNN, torch and MKL keep to AVX2 too: an AVX2 machine's code on this one (its memory and cores stay this
+machine's).
 
     PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py --out benchmarks/results/int4-linear-zen4.json
-    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py \
-        --dtype float32 --march haswell --out benchmarks/results/int4-linear-fp32-avx2-on-zen4.json
+    MKL_ENABLE_INSTRUCTIONS=AVX2 INFERD_KERNEL_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
+        PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py --dtype float32 --march haswell \
+        --rows 1,4,16,32,64,128,256,1024 --out benchmarks/results/int4-linear-fp32-avx2-code-emr.json
 """
 import argparse
-import os
+import functools
 import platform
 import statistics
 import sys
@@ -27,6 +29,7 @@ import torch
 from torch import nn
 
 from benchmarks.engine import _cpu_name
+from benchmarks.limits import isa_limits
 from benchmarks.quantization import save_report
 from inferd.models.int4 import Int4Linear, takes
 from inferd.models.int4_kernel import load_int4_kernel
@@ -59,6 +62,17 @@ def seconds(fn) -> float:
     return time.perf_counter() - t
 
 
+def pass_seconds(calls) -> float:
+    """Seconds for one pass of `calls` (each a function of no argument), each output dropped at once as a forward
+    drops a layer's output once the next has read it. Until 2026-12-06 these benchmarks kept the 120 outputs of a
+    pass alive to its end: up to 40 MB of new pages a pass at 64 rows, each first touched in the timed call (on an
+    Emerald Rapids in AVX2 code the int8-input rows' 120 linears 50-53 ms so, 37-41 ms dropped at once)."""
+    t = time.perf_counter()
+    for call in calls:
+        call()
+    return time.perf_counter() - t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,2,3,4,6,8,12,16")
@@ -84,9 +98,7 @@ def main() -> None:
     targets = {name: ([layer.op(dtype) for layer in layers], b) for name, (layers, b) in targets.items()}  # as the engine calls them
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                          "python": platform.python_version(), "march": args.march,
-                          "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA"),
-                          "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY")},
+                          "python": platform.python_version(), "march": args.march, "isa_limits": isa_limits()},
               "dtype": args.dtype, "bytes": {name: b for name, (_, b) in targets.items()}, "rows": {}}
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
@@ -94,7 +106,7 @@ def main() -> None:
             runs = {name: [] for name in targets}
             for _ in range(args.repeats + 1):  # the first pass warms
                 for name, (ops, _) in targets.items():
-                    runs[name].append(seconds(lambda: [op(x) for op, x in zip(ops, xs)]))
+                    runs[name].append(pass_seconds([functools.partial(op, x) for op, x in zip(ops, xs)]))
             row = {name: {"ms": round(statistics.median(r[1:]) * 1e3, 3),
                           "gb_s": round(targets[name][1] / statistics.median(r[1:]) / 1e9, 1)} for name, r in runs.items()}
             result["rows"][m] = row
@@ -107,6 +119,7 @@ def main() -> None:
 def table(r: dict, args: str) -> str:
     machine, names = r["machine"], list(next(iter(r["rows"].values())))
     env = " ".join(f"{k}={machine[k]}" for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if machine.get(k))
+    env = machine.get("isa_limits", env).replace("none", "")  # before 2026-12-06 two of the limits, by name
     lines = [f"# SmolLM2-135M's 120 layer linears in 4 bits and dense, {r.get('dtype', 'bfloat16')} rows ({r['date']}; "
              f"{machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}, our kernels built for "
              f"-march={machine.get('march', 'native')})", "",

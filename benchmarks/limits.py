@@ -93,10 +93,10 @@ def weight_bytes(net: nn.Module, rows: int) -> int:
     def visit(m: nn.Module) -> None:
         nonlocal total
         if isinstance(m, Int4Linear):
-            if rows <= m.max_rows:
+            if m.four_bit_at(rows):
                 total += m.four_bit_bytes()
             else:
-                total += m.in_features * m.out_features * 2  # its bf16 dense copy
+                total += m.in_features * m.out_features * m.dtype.itemsize  # its dense copy
             return
         if isinstance(m, SmallRowsInt8):
             visit(m.int8 if rows <= m.max_rows else m.dense)

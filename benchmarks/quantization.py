@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.engine import _cpu_name
+from benchmarks.limits import isa_limits
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
@@ -280,7 +281,7 @@ def main() -> None:
     model = load_model(None, progress=False)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
               "machine": {"cpu": _cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                          "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                          "cpu_capability": torch.backends.cpu.get_cpu_capability(), "isa_limits": isa_limits(),
                           "load_average_before": _uptime()}}
     if not args.skip_kernels:
         net = LlamaForCausalLM(model.config, 16)
@@ -307,7 +308,10 @@ def main() -> None:
                                                if load_int4_kernel() is not None
                                                and load_int4_kernel().int4_linear_bf16_native() else {}),
                                             **({"int4, float32 rows (AVX2 loops), kernel at every M": {
-                                                "dtype": "float32", "quantization": "int4", "int4_max_rows": 1 << 30}}
+                                                "dtype": "float32", "quantization": "int4", "int4_max_rows": 1 << 30},
+                                                "int4, float32 rows (AVX2 loops), 16-bit inputs at every M": {
+                                                "dtype": "float32", "quantization": "int4", "int4_max_rows": 1 << 30,
+                                                "int4_int8_rows": None}}
                                                if load_int4_kernel() is not None else {})}, args.quality_only)
     result["machine"]["load_average_after"] = _uptime()
     save_report(result, markdown(result), args.out)
@@ -326,6 +330,7 @@ def save_report(result: dict, md: str, out: str | None) -> None:
 def markdown(r: dict) -> str:
     lines = [f"# Weight-only int8 and int4 on {r['model']} ({r['date']}, torch {r['machine']['torch']}, "
              f"{r['machine']['threads']} threads, {r['machine']['cpu_capability']}; "
+             f"limits: {r['machine'].get('isa_limits', 'none')}; "
              f"load average before {r['machine']['load_average_before']})", ""]
     if "kernels" in r:
         sizes = list(next(iter(r["kernels"].values()))["ms"])

@@ -42,9 +42,10 @@ def has_native_bf16() -> bool:
 
 
 
-def int4_max_rows(own_kernel: bool, float32_rows: bool = False) -> int:
-    """Rows of a linear up to which the int4 kernel beats its dense copy on this CPU (above: dense); own_kernel:
-    ours (inferd.models.int4_kernel) serves, not torch's; float32_rows: the layers compute in float32, else bf16.
+def int4_max_rows(own_kernel: bool, float32_rows: bool = False) -> int | None:
+    """Rows of a linear up to which the int4 kernel beats its dense copy on this CPU (above: dense; None: at every
+    row count, no dense copy kept); own_kernel: ours (inferd.models.int4_kernel) serves, not torch's; float32_rows:
+    the layers compute in float32 (our AVX2 loops), else bf16.
 
     bf16, measured on an AVX-512 BF16 EPYC (Zen 4, no AMX), SmolLM2's 120 layer linears: torch's kernel 0.5x
     bf16's time at 1-2 rows, even at 4, 1.4x at 8 (benchmarks/results/quant-zen4-avx512bf16.md); ours 0.28x at
@@ -52,10 +53,12 @@ def int4_max_rows(own_kernel: bool, float32_rows: bool = False) -> int:
     oneDNN multiplies dense bf16 on AMX tiles (an Emerald Rapids, 2026-12-05), ours with int8 inputs from 4 rows
     0.31x the dense time at one row, 0.53x at 8, 0.76x at 16, 0.92x at 24, 1.07x at 32, 1.66x at 64
     (benchmarks/results/int4-linear-emr-int8.md): 24 there. Without native bf16 a forced bf16 int4 uses the
-    kernel for one row only. float32 rows, our AVX2 loops against oneDNN's float32 product in AVX2 code on the Zen 4: 0.18x
-    its time at one row, 0.51x at 8, even at 32 and 64 (benchmarks/results/int4-linear-fp32-avx2-on-zen4.md): 32."""
+    kernel for one row only. float32 rows, our AVX2 loops (int8 inputs from int4_int8_rows) against oneDNN's
+    float32 product in AVX2 code on an Emerald Rapids: 0.24x its time at one row, 0.44x at 64, 0.69x at 1,024
+    (benchmarks/results/int4-linear-fp32-avx2-code-emr.md; with 16-bit inputs, on a Zen 4, even from 32 rows):
+    never dense."""
     if float32_rows:
-        return 32
+        return None
     if "amx_bf16" in cpu_flags():
         return 24
     if has_native_bf16():
@@ -63,23 +66,30 @@ def int4_max_rows(own_kernel: bool, float32_rows: bool = False) -> int:
     return 1
 
 
-def int4_int8_rows() -> int | None:
-    """Rows from which our int4 kernel rounds bf16 rows to int8 a group of 32 and multiplies them on VNNI
-    (int4_linear_int8, llama.cpp's Q4_1 x Q8_1) instead of to 16 bits (its bf16 rows); None: never. On a Zen 4
+def int4_int8_rows(float32_rows: bool = False) -> int | None:
+    """Rows from which our int4 kernel rounds its rows to int8 a group of 32 and multiplies them as integers
+    (int4_linear_int8, llama.cpp's Q4_1 x Q8_1) instead of to 16 bits; None: never. float32 rows (AVX2): vpmaddubsw,
+    32 products of nibble and int8 input an instruction where vpmaddwd has 16; in AVX2 code on an Emerald Rapids,
+    SmolLM2's 120 layer linears 0.87x the 16-bit rows' speed at one row, 1.08-1.12x at 2-3, 1.16x at 4, 1.41-1.86x
+    at 6-64 (benchmarks/results/int4-int8-inputs-avx2-code-emr.md), at 0.5 % error against the file's weights
+    (16 bits: 0.01 %): 4, as for bf16 rows. bf16 rows, on VNNI. On a Zen 4
     (AVX-512 BF16 + VNNI), SmolLM2's 120 layer linears from memory: 1.02-1.09x the bf16 rows' speed at 1-3 rows,
     1.26x at 4, 1.43-1.45x at 6-16 (benchmarks/results/int4-int8-inputs-after-int16-rows-zen4.md; 1.04-1.12x at
     1-4 against the bf16 rows' vdpbf16ps loops before 2026-12-05), at 3x their error against the file's weights
     (0.54 % against 0.17 %): below 4 rows the bf16 rows cost little. On an Emerald Rapids (AMX) alike: 1.16-1.28x at
     1-3 rows, 1.30x at 4, 1.31-1.42x at 6-24 (benchmarks/results/int4-int8-inputs-emr.md)."""
     flags = cpu_flags()
+    if float32_rows:
+        return 4 if {"avx2", "fma"} <= flags else None
     return 4 if {"avx512_vnni", "avx512_bf16"} <= flags else None
 
 
 def auto_quantization(dtype: str) -> str:
     """The weight format `--quantization auto` picks for a `--dtype` setting: int4 with bf16 rows where bf16 is
-    native, int4 with float32 rows where it is not (inferd's AVX2 loops: in AVX2 code on a Zen 4 1.05-1.08x int8's
-    decode at 1-32 streams, 0.82x at 64, perplexity +0.1 % against int8's -0.1 % but top-1 agreement with fp32
-    98.6 % against 95.6 %: benchmarks/results/llamacpp-avx2-code-on-zen4.md, quant-quality-int4-float32-rows.md),
+    native, int4 with float32 rows where it is not (inferd's AVX2 loops, int8 inputs from 4 rows: in AVX2 code on an
+    Emerald Rapids 1.60x int8's decode at one stream, 1.29-1.37x at 8-64, 1.33x its prefill; perplexity +1.2 %
+    against int8's -0.1 %, top-1 agreement with fp32 96.5 % against 95.6 %: benchmarks/results/
+    engine-avx2-code-int8-inputs-emr.md, quant-quality-int4-int8-inputs-avx2-code-emr.md),
     int8 for float32 on a CPU with native bf16 (its AVX-512 int8 loops). All pass the quality checks of
     benchmarks/quantization.py (perplexity within 3 % of fp32 for 4-bit, 1 % for int8)."""
     native = has_native_bf16()

@@ -14,9 +14,11 @@ inputs to 16 bits a group and multiply the nibbles as integers. Where the CPU ha
 (AMX or not), bf16 rows from `int8_rows` rows on are rounded to int8 a group and multiplied as integers
 (inferd.models.cpu.int4_int8_rows).
 
-Either kernel's time grows with the rows, and from a few rows on a dense bf16 matmul is faster. Each layer
-therefore also keeps the same weights dequantized to bf16 (oneDNN prepacked) and uses them above `max_rows` rows
-(inferd.models.cpu.int4_max_rows, measured in benchmarks/int4_linear.py and benchmarks/quantization.py).
+Either kernel's time grows with the rows, and with bf16 rows from a few rows on a dense bf16 matmul is faster. Each
+layer therefore also keeps the same weights dequantized (oneDNN prepacked) and uses them above `max_rows` rows
+(inferd.models.cpu.int4_max_rows, measured in benchmarks/int4_linear.py and benchmarks/quantization.py); float32
+rows on AVX2 take our kernel at every row count (its int8 inputs outrun a dense float32 product there), and keep no
+dense copy (max_rows None).
 Measured against bf16, fp32 and int8 in benchmarks/quantization.py and benchmarks/engine.py.
 """
 import logging
@@ -78,9 +80,10 @@ def kernel_dequantized(scales: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 class Int4Linear(nn.Module):
     """nn.Linear with 4-bit weights (Q4_1 groups), in and out in `dtype` (bf16 or float32), a 4-bit kernel up to
-    max_rows rows: ours (`kernel`, from load_int4_kernel) where it takes `dtype` here, else torch's (bf16 only)."""
+    max_rows rows (None: at every row count, and no dense copy): ours (`kernel`, from load_int4_kernel) where it
+    takes `dtype` here, else torch's (bf16 only)."""
 
-    def __init__(self, linear: nn.Linear, max_rows: int, kernel=None, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, linear: nn.Linear, max_rows: int | None, kernel=None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         self.in_features, self.out_features, self.max_rows, self.dtype = linear.in_features, linear.out_features, max_rows, dtype
         q, d, m = quantize_q4_1(linear.weight)
@@ -88,10 +91,10 @@ class Int4Linear(nn.Module):
         if kernel is not None and not takes(kernel, dtype):
             kernel = None
         assert kernel is not None or dtype is torch.bfloat16, "float32 rows need our kernel (AVX2)"
+        assert kernel is not None or max_rows is not None, "torch's int4 kernel serves a few rows: a dense copy the rest"
         self.kernel = kernel
         # from these rows on (up to max_rows) the kernel's inputs are rounded to int8 (int4_linear_int8); None: never
-        # (the kernel takes bf16 rows only where it has VNNI: `takes`)
-        self.int8_rows = int4_int8_rows() if kernel is not None and dtype is torch.bfloat16 else None
+        self.int8_rows = int4_int8_rows(dtype is torch.float32) if kernel is not None else None
         bias = None if linear.bias is None else linear.bias.detach()
         if kernel is not None:  # d and m in fp16, as a Q4_1 file has them
             d, m = d.half().float(), m.half().float()
@@ -108,6 +111,9 @@ class Int4Linear(nn.Module):
             self.scales = kernel_scales(d, m, rows)
             weight = kernel_dequantized(self.scales, q)
         self.bias = None if bias is None else bias.to(dtype).clone()
+        self.dense = None
+        if max_rows is None:
+            return
         dense = nn.Linear(self.in_features, self.out_features, bias=bias is not None, dtype=dtype)
         with torch.no_grad():
             dense.weight.copy_(weight)
@@ -125,11 +131,15 @@ class Int4Linear(nn.Module):
         flat = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
         return self.op(self.dtype)(flat).view(*x.shape[:-1], self.out_features).to(x.dtype)
 
+    def four_bit_at(self, rows: int) -> bool:
+        """Whether the 4-bit weights serve `rows` rows (ours or torch's kernel), not the dense copy."""
+        return self.max_rows is None or rows <= self.max_rows
+
     def kernel_at(self, rows: int):
         """Our kernel function for `rows` rows of the layer's dtype, or None where the dense copy (or, without our
         kernel, torch's int4 kernel) serves: bf16 or float32 rows up to int8_rows, inputs rounded to int8 from
         there, dense above max_rows."""
-        if self.kernel is None or rows > self.max_rows:
+        if self.kernel is None or not self.four_bit_at(rows):
             return None
         int8 = self.int8_rows is not None and rows >= self.int8_rows
         return self.kernel.int4_linear_int8 if int8 else self.kernel.int4_linear
@@ -149,7 +159,7 @@ class Int4Linear(nn.Module):
         dtype than the layer's take forward's casts."""
         if dtype is not self.dtype:
             return self
-        dense = self.dense.op(dtype) if isinstance(self.dense, PackedLinear) else self.dense
+        dense = self.dense.op(dtype) if isinstance(self.dense, PackedLinear) else self.dense  # None: never used
         n = self.out_features
         if self.kernel is not None:
             nibbles, dm, bias, kernel_at = self.nibbles, self.dm, self.row_bias, self.kernel_at
@@ -161,7 +171,7 @@ class Int4Linear(nn.Module):
         packed, scales, bias, cut = self.packed, self.scales, self.bias, self.scales.shape[1] != n
 
         def torch_kernel(x: torch.Tensor) -> torch.Tensor:
-            if x.shape[0] > self.max_rows:
+            if not self.four_bit_at(x.shape[0]):
                 return dense(x)
             y = _int4_mm(x, packed, GROUP, scales)
             y = y[:, :n].contiguous() if cut else y

@@ -1,5 +1,6 @@
 """Q4_1 linears: bf16 rows on AVX-512 VNNI and float32 rows on AVX2 (the weights multiplied as integers by inputs
-rounded to 16 bits a group), bf16 rows rounded to int8 on AVX-512 VNNI. One layout for all.
+rounded to 16 bits a group), and either rounded to int8 (bf16 rows on AVX-512 VNNI, float32 rows on AVX2). One
+layout for all.
 
 Layout (`pack_panels`): panels of 16 output channels; in each, groups of 32 weights along K as 256 bytes of
 nibbles, ordered so that one 32-byte load widened to 16 bits holds two dot-product operands (a lane of two words
@@ -25,13 +26,19 @@ conversion and an FMA for 8 products). Up to 4 rows share each widened weight. M
 (benchmarks/int4_linear.py --dtype float32 --march haswell): the 120 linears at one row 1.2x as fast as our int8
 kernel, 5.5x oneDNN's float32 product; slower than int8 from 3 rows, even with oneDNN at 32.
 
-int8 inputs (`int4_linear_int8`, AVX-512 VNNI and BF16; inferd.models.cpu.int4_int8_rows says from how many rows):
-bf16 rows rounded to int8 a group of 32 on its own scale (llama.cpp multiplies Q4_1 by Q8_1 so), and vpdpbusd adds
-four products of nibble and int8 input a lane, exactly in 32 bits: no nibble is widened. One word permute puts 64
+int8 inputs (`int4_linear_int8`; inferd.models.cpu.int4_int8_rows says from how many rows): each row rounded to int8
+a group of 32 on its own scale (llama.cpp multiplies Q4_1 by Q8_1 so). bf16 rows (AVX-512 VNNI and BF16): vpdpbusd
+adds four products of nibble and int8 input a lane, exactly in 32 bits: no nibble is widened. One word permute puts 64
 bytes of the layout above in lane order (lane j: output j's nibbles at four inputs in a row). The m term takes the
 rounded inputs' sum, so that their rounding errors meet the weights d q + m, centred on 0 (on the exact sum, the
 error was 3x larger). On the Zen 4: 1.04-1.07x the bf16 rows' speed at 1-3 rows, 1.12x at 4, 1.39x at 64, with 3x
-their error against the file's weights (0.54 % against 0.17 %, benchmarks/int4_int8_inputs.py).
+their error against the file's weights (0.54 % against 0.17 %, benchmarks/int4_int8_inputs.py). float32 rows (AVX2):
+each panel spread once to bytes (the nibbles of a chunk's two halves interleaved a word at a time), vpmaddubsw
+multiplies 32 nibbles by 32 int8 inputs into 16 words, a group's 8 chunks add up in 16 bits (at most 30,480) and
+vpmaddwd widens them: in AVX2 code on an Emerald Rapids 1.16x the 16-bit rows' speed at 4 rows, 1.56-1.86x at
+16-64, 0.5 % error against their 0.01 %; 1.46x oneDNN's dense float32 product at 1,024 rows, so these rows take no
+dense copy
+(benchmarks/results/int4-int8-inputs-avx2-code-emr.md, int4-linear-fp32-avx2-code-emr.md).
 
 Panels are split across the threads.
 """
@@ -253,6 +260,123 @@ static inline float quantize_group(const float* x, int16_t* q, float* sum) {
   return step;
 }
 
+// int8 inputs on AVX2 (int4_linear_int8 of float32 rows): vpmaddubsw multiplies 32 nibbles (unsigned bytes) by 32
+// int8 inputs and adds each pair of products into a 16-bit word: 32 products an instruction where a float32 FMA has
+// 8 and vpmaddwd 16. Each panel's nibbles are first spread to bytes in that instruction's order (spread_panel), once
+// for all of its rows: a chunk's low and high nibbles interleaved a word at a time, so that register A holds outputs
+// 0-3 and 8-11, B outputs 4-7 and 12-15, each 32-bit lane one output at inputs (2c, 2c + 1, 2c + 16, 2c + 17); d
+// and m as float32 in the same order. Rows go in tiles of 2 (4 accumulators a row; tiles of 3 and 4 were 5-15 %
+// slower in AVX2 code on an Emerald Rapids).
+#ifndef TILE_I8
+#define TILE_I8 2
+#endif
+constexpr int64_t SPREAD_GROUP = 512 + 32 * 4;  // bytes a group: 8 chunks x (A, B) and d, m (A, B order) as float32
+
+static void spread_panel(const uint8_t* w, const uint16_t* dm, int64_t G, uint8_t* out) {
+  const __m256i low = _mm256_set1_epi8(0xF);
+  for (int64_t g = 0; g < G; ++g) {
+    uint8_t* o = out + g * SPREAD_GROUP;
+    for (int c = 0; c < 8; ++c) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(w + g * 256 + c * 32));
+      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      _mm256_storeu_si256((__m256i*)(o + c * 64), _mm256_unpacklo_epi16(lo, hi));
+      _mm256_storeu_si256((__m256i*)(o + c * 64 + 32), _mm256_unpackhi_epi16(lo, hi));
+    }
+    float* f = (float*)(o + 512);
+    for (int i = 0; i < 2; ++i) {  // d, then m
+      const __m256 first = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(dm + g * 32 + 16 * i)));
+      const __m256 second = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(dm + g * 32 + 16 * i + 8)));
+      _mm256_storeu_ps(f + 16 * i, _mm256_permute2f128_ps(first, second, 0x20));
+      _mm256_storeu_ps(f + 16 * i + 8, _mm256_permute2f128_ps(first, second, 0x31));
+    }
+  }
+}
+
+// One group of 32 float inputs -> int8 on the group's scale (its largest |x| to 127; returned: one step), stored in
+// the order the spread nibbles take them (4 bytes a chunk c: inputs 2c, 2c + 1, 2c + 16, 2c + 17), and the rounded
+// inputs' sum, as the AVX-512 int8 loop takes it
+static inline float quantize_group_i8(const float* x, int8_t* q, float* sum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4], mx = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  float largest = 0;
+  for (int i = 0; i < 8; ++i) largest = std::max(largest, lanes[i]);
+  const float step = largest / 127.0f;
+  float inverse = 127.0f / largest;
+  if (!(inverse < INFINITY)) inverse = 0.0f;
+  __m256i n[4];
+  for (int i = 0; i < 4; ++i) n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inverse)));
+  const __m256i total = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+  alignas(32) int32_t sums[8];
+  _mm256_store_si256((__m256i*)sums, total);
+  int32_t s = 0;
+  for (int i = 0; i < 8; ++i) s += sums[i];
+  *sum = step * (float)s;
+  const __m256i first = _mm256_permute4x64_epi64(_mm256_packs_epi32(n[0], n[1]), 0xD8);   // inputs 0-15, int16
+  const __m256i second = _mm256_permute4x64_epi64(_mm256_packs_epi32(n[2], n[3]), 0xD8);  // inputs 16-31
+  // bytes: 0-7, 16-23 | 8-15, 24-31; then each 128-bit lane's pairs in chunk order
+  const __m256i bytes = _mm256_packs_epi16(first, second);
+  const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                         0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+  _mm256_storeu_si256((__m256i*)q, _mm256_shuffle_epi8(bytes, order));
+  return step;
+}
+
+// R rows (xq: [R, K] as quantize_group_i8 stores them; xscale, xsum: [R, G]) against one spread panel: a word of
+// vpmaddubsw is at most 2 x 15 x 127 = 3810, so a group's 8 chunks add up in 16 bits (at most 30480) before
+// vpmaddwd widens each pair of words (one output) to 32 bits.
+template <int R>
+static void panel_rows_i8(const uint8_t* spread, int64_t G, const int8_t* xq, int64_t K, const float* xscale,
+                          const float* xsum, const float* bias, float* y, int64_t N, int64_t n0) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 out[R][2];
+  for (int r = 0; r < R; ++r) {
+    if (bias) {
+      const __m256 first = _mm256_loadu_ps(bias + n0), second = _mm256_loadu_ps(bias + n0 + 8);
+      out[r][0] = _mm256_permute2f128_ps(first, second, 0x20);
+      out[r][1] = _mm256_permute2f128_ps(first, second, 0x31);
+    } else {
+      out[r][0] = out[r][1] = _mm256_setzero_ps();
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* b = spread + g * SPREAD_GROUP;
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    #pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const __m256i a = _mm256_loadu_si256((const __m256i*)(b + c * 64));
+      const __m256i bb = _mm256_loadu_si256((const __m256i*)(b + c * 64 + 32));
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, xq + r * K + g * 32 + 4 * c, 4);
+        const __m256i x = _mm256_set1_epi32(four);
+        acc[r][0] = _mm256_add_epi16(acc[r][0], _mm256_maddubs_epi16(a, x));
+        acc[r][1] = _mm256_add_epi16(acc[r][1], _mm256_maddubs_epi16(bb, x));
+      }
+    }
+    const float* f = (const float*)(b + 512);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_loadu_ps(f + 8 * h), m = _mm256_loadu_ps(f + 16 + 8 * h);
+      for (int r = 0; r < R; ++r)
+        out[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][h], ones)),
+                                    _mm256_mul_ps(d, _mm256_set1_ps(xscale[r * G + g])),
+                                    _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[r * G + g]), out[r][h]));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float row[16];
+    _mm256_store_ps(row, _mm256_permute2f128_ps(out[r][0], out[r][1], 0x20));
+    _mm256_store_ps(row + 8, _mm256_permute2f128_ps(out[r][0], out[r][1], 0x31));
+    std::memcpy(y + r * N + n0, row, std::min<int64_t>(16, N - n0) * sizeof(float));
+  }
+}
+
 #endif
 
 // Every panel (split across the threads) against the M rows in tiles of at most T, as even as possible (each
@@ -341,15 +465,50 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
   return y;
 }
 
-// As int4_linear for bf16 x, each group of 32 inputs rounded to int8 on its own scale (llama.cpp's Q4_1 x Q8_1)
+// As int4_linear, each group of 32 inputs rounded to int8 on its own scale (llama.cpp's Q4_1 x Q8_1): bf16 rows on
+// AVX-512 VNNI, float32 rows on AVX2
 torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor dm, torch::Tensor bias, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16, "x: contiguous [M, K] bf16");
-  TORCH_CHECK(int4_linear_bf16_native(), "int8 inputs need a build with AVX-512 VNNI and BF16");
+  const bool bf = x.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (bf || x.scalar_type() == torch::kFloat32),
+              "x: contiguous [M, K] bf16 or float32");
+  TORCH_CHECK(bf ? int4_linear_bf16_native() : int4_linear_fp32_native(),
+              bf ? "int8 inputs of bf16 rows need a build with AVX-512 VNNI and BF16"
+                 : "int8 inputs of float32 rows need a build with AVX2 and FMA");
   check_weights(x, w, dm, bias, N);
   auto y = torch::empty({x.size(0), N}, x.options());
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const uint16_t* dp = (const uint16_t*)dm.data_ptr();
+  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
-  integer_rows<int8_t>(x, w.data_ptr<uint8_t>(), (const uint16_t*)dm.data_ptr(),
-                       bias.numel() ? bias.data_ptr<float>() : nullptr, w.size(0), w.size(1), N, y);
+  if (bf) integer_rows<int8_t>(x, wp, dp, bp, w.size(0), w.size(1), N, y);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (!bf) {
+    const int64_t M = x.size(0), K = x.size(1), P = w.size(0), G = w.size(1);
+    const float* xp = x.data_ptr<float>();
+    std::vector<int8_t> xq(M * K);
+    std::vector<float> xscale(M * G), xsum(M * G);
+    at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t g = 0; g < G; ++g)
+          xscale[r * G + g] = quantize_group_i8(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
+    });
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+      std::vector<uint8_t> spread(G * SPREAD_GROUP);
+      for (int64_t p = p0; p < p1; ++p) {
+        spread_panel(wp + p * G * 256, dp + p * G * 32, G, spread.data());
+        for (int64_t r = 0, tiles = (M + TILE_I8 - 1) / TILE_I8, t = 0; t < tiles; ++t) {
+          const int64_t rows = M / tiles + (t < M % tiles);
+          by_rows<TILE_I8>(rows, [&](auto R) {
+            panel_rows_i8<decltype(R)::value>(spread.data(), G, xq.data() + r * K, K, xscale.data() + r * G,
+                                              xsum.data() + r * G, bp, yp + r * N, N, p * 16);
+          });
+          r += rows;
+        }
+      }
+    });
+  }
 #endif
   return y;
 }

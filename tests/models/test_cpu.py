@@ -25,6 +25,7 @@ def test_an_avx2_march_hides_the_avx512_and_amx_flags_from_the_rules(march):
     assert not {"avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16"} & haswell
     assert {"avx2", "fma"} & native == {"avx2", "fma"} & haswell  # what haswell has stays as the CPU has it
     assert not cpu.has_native_bf16() and cpu.int4_int8_rows() is None and cpu.int4_max_rows(True) == 1
+    assert cpu.int4_int8_rows(True) == 4 and cpu.int4_max_rows(True, True) is None  # float32 rows: AVX2 loops
     assert cpu.auto_quantization("auto") == "int4"  # with float32 rows, as on an AVX2 machine
 
 

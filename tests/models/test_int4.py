@@ -92,10 +92,12 @@ TORCH = pytest.param((None, torch.bfloat16), id="torch")
 @pytest.mark.parametrize("out_features,in_features,bias", [(48, 64, False), (37, 96, True), (5, 32, False),
                                                            (16, 32, True)])
 def test_int4_linear_matches_dequantized_reference(kernel, rows, out_features, in_features, bias):
-    (march, dtype), low = kernel, 1e-2 if kernel[1] is torch.bfloat16 else 2e-4  # float32: 16-bit inputs
+    march, dtype = kernel
     torch.manual_seed(rows * out_features)
     linear = nn.Linear(in_features, out_features, bias=bias)
     layer = Int4Linear(linear, max_rows=8, kernel=march and load_int4_kernel(march), dtype=dtype)
+    int8 = layer.kernel_at(rows) is not None and layer.kernel_at(rows).__name__ == "int4_linear_int8"
+    low = 1e-2 if dtype is torch.bfloat16 or int8 else 2e-4  # float32 rows: 16-bit inputs
     assert (layer.kernel is None) == (march is None)
     ref_weight = dequantize_q4_1(*quantize_q4_1(linear.weight))
     if march is not None:  # ours: d and m in fp16, as a Q4_1 file keeps them
@@ -123,8 +125,7 @@ def test_our_kernel_takes_no_rows(kernel):
     layer = Int4Linear(nn.Linear(64, 40), max_rows=8, kernel=k, dtype=dtype)
     x, args = torch.empty(0, 64, dtype=dtype), (layer.nibbles, layer.dm, layer.row_bias, 40)
     assert k.int4_linear(x, *args).shape == (0, 40)
-    if dtype is torch.bfloat16:
-        assert k.int4_linear_int8(x, *args).shape == (0, 40)
+    assert k.int4_linear_int8(x, *args).shape == (0, 40)
 
 
 def rounded_to(x: torch.Tensor, steps: int) -> torch.Tensor:
@@ -200,12 +201,87 @@ def test_a_layer_rounds_its_inputs_to_int8_from_int8_rows_up_to_max_rows():
                        (13, layer.dense)]:
         x = torch.randn(rows, 64).bfloat16()
         assert torch.equal(op(x), path(x) if path is layer.dense else path(x, *args)), rows
-    with pytest.raises(RuntimeError, match="bf16"):
-        kernel.int4_linear_int8(torch.randn(1, 64), *args)
+    with pytest.raises(RuntimeError, match="bf16 or float32"):
+        kernel.int4_linear_int8(torch.randn(1, 64).half(), *args)
     haswell = load_int4_kernel("haswell")
     assert not haswell.int4_linear_bf16_native()
     with pytest.raises(RuntimeError, match="VNNI"):
         haswell.int4_linear_int8(torch.randn(1, 64).bfloat16(), *args)
+
+
+@pytest.mark.parametrize("kernel", OURS[1:])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 70])
+@pytest.mark.parametrize("n,k", [(16, 32), (17, 64), (1, 32), (100, 160), (960, 576), (40, 1536)])
+def test_float32_int8_inputs_are_exact_for_the_rounded_inputs(kernel, rows, n, k):
+    """int4_linear_int8 of float32 rows (AVX2, vpmaddubsw): the file's weights times the inputs rounded to int8 a group
+    exactly, up to its float32 sums, in row tiles of every size and panels past N."""
+    w, q, d, m = q4_1_file_values(n, k, seed=rows + n)
+    nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
+    g = torch.Generator().manual_seed(rows * 7 + k)
+    bias = torch.randn(nibbles.shape[0] * 16, generator=g)
+    x = torch.randn(rows, k, generator=g)
+    x[0, :GROUP] = 0  # a group's step is 0
+    out = load_int4_kernel(kernel[0]).int4_linear_int8(x, nibbles, dm, bias, n)
+    assert out.shape == (rows, n) and out.dtype == torch.float32
+    exact = rounded_to(x, 127) @ w.double().t() + bias[:n].double()
+    torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    ref = x.double() @ w.double().t() + bias[:n].double()
+    assert (out.double() - ref).norm() <= 0.02 * ref.norm()
+
+
+@pytest.mark.parametrize("kernel", OURS[1:])
+def test_float32_int8_inputs_at_their_largest_products_do_not_overflow(kernel):
+    """A word of vpmaddubsw adds two products of nibble and int8 input (at most 2 x 15 x 127), and a group's 8 chunks
+    add up in 16 bits: at most 30,480, short of 32,767. Nibbles of 15 against inputs all at +-127 reach it."""
+    n, k = 32, 128
+    q = torch.full((n, k), 15, dtype=torch.uint8)
+    q[1::2] = 0  # every other output: all weights m alone
+    d, m = torch.full((n, k // GROUP), 0.5).half().float(), torch.full((n, k // GROUP), -1.0)
+    nibbles, dm = pack_panels(q, d, m)
+    x = torch.ones(3, k)
+    x[1] = -1
+    x[2, ::3] = -1
+    out = load_int4_kernel(kernel[0]).int4_linear_int8(x, nibbles, dm, torch.empty(0), n)
+    ref = x.double() @ (q.double() * 0.5 - 1).t()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", OURS[1:])
+def test_float32_int8_inputs_with_zero_tiny_and_huge_groups(kernel):
+    _, q, d, m = q4_1_file_values(24, 128)
+    nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
+    x = torch.randn(4, 128)
+    x[0, :32] = 0
+    x[1, 32:64] *= 1e30
+    x[2, 64:96] *= 1e-30
+    x[3, 96:] *= 1e-37  # too small for a finite scale: counts as zero
+    out = load_int4_kernel(kernel[0]).int4_linear_int8(x, nibbles, dm, torch.empty(0), 24)
+    ref = x.double() @ (q.double() * d.double().repeat_interleave(GROUP, 1) + m.double().repeat_interleave(GROUP, 1)).t()
+    assert torch.isfinite(out).all()
+    for r in range(4):
+        assert (out[r].double() - ref[r]).norm() <= 0.02 * ref[r].norm()
+
+
+@pytest.mark.skipif(not takes_rows(torch.float32, "haswell"), reason="no C++ toolchain or no AVX2 here")
+def test_a_float32_layer_takes_the_kernel_at_every_row_count_int8_inputs_from_4_rows(monkeypatch):
+    """float32 rows on AVX2: 16-bit inputs below 4 rows, int8 ones from 4, at every row count (a prompt of 1,024
+    too: inferd.models.cpu.int4_max_rows is None there), and no dense copy of the weights kept."""
+    from inferd.models import cpu
+    monkeypatch.setenv("INFERD_KERNEL_MARCH", "haswell")
+    cpu.cpu_flags.cache_clear()
+    try:
+        assert cpu.int4_int8_rows(True) == 4 and cpu.int4_max_rows(True, True) is None
+        kernel = load_int4_kernel("haswell")
+        layer = Int4Linear(nn.Linear(64, 40), max_rows=cpu.int4_max_rows(True, True), kernel=kernel,
+                           dtype=torch.float32)
+    finally:
+        cpu.cpu_flags.cache_clear()
+    assert layer.dense is None and layer.int8_rows == 4
+    op, args = layer.op(torch.float32), (layer.nibbles, layer.dm, layer.row_bias, 40)
+    for rows, path in [(1, kernel.int4_linear), (3, kernel.int4_linear), (4, kernel.int4_linear_int8),
+                       (1024, kernel.int4_linear_int8)]:
+        x = torch.randn(rows, 64)
+        assert torch.equal(op(x), path(x, *args)), rows
 
 
 @pytest.mark.parametrize("kernel", OURS[1:])
@@ -276,7 +352,7 @@ def test_int4_engine_runs_and_agrees_with_fp32(dtype):
     outputs = []
     for config in (dict(dtype="float32"), dict(dtype=dtype, quantization="int4")):
         e = LLMEngine(model, EngineConfig(num_kv_blocks=64, block_size=4, **config))
-        for layer in (m for m in e.model.modules() if isinstance(m, Int4Linear)):
+        for layer in (m for m in e.model.modules() if isinstance(m, Int4Linear) and m.max_rows is not None):
             layer.max_rows = 4  # the prompts and the 10 decodes on the dense copy, 4 decodes left on the kernel
         tokens = run(e, {rid: (ids, params) for rid, ids in prompts.items()})[0]
         assert all(len(t) == 8 for t in tokens.values())
