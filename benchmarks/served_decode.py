@@ -37,6 +37,7 @@ import httpx
 import torch
 
 from benchmarks.engine import PROMPT_LEN, NEW_TOKENS, _cpu_name, _loadavg, inferd_decode, random_prompts
+from benchmarks.limits import isa_limits
 from benchmarks.runtimes import ROOT
 from inferd.bench.client import sse_lines
 from inferd.control.replicas import free_port, wait_until_ready
@@ -301,7 +302,7 @@ def main() -> None:
             stop()
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
               "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                          "vllm": vllm_version, "load_average_after": _loadavg()},
+                          "vllm": vllm_version, "isa_limits": isa_limits(), "load_average_after": _loadavg()},
               "settings": SETTINGS, "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": args.new_tokens,
                                                  "long_prompt_tokens": LONG_PROMPT, "rounds": args.rounds,
                                                  "client": args.client,
@@ -337,8 +338,8 @@ def markdown(r: dict, formats: list[str], batches: list[int]) -> str:
     keys = [f"decode_b{b}" for b in batches] + ["ttft_ms"] * ttft
     heads = [f"decode B={b}, tok/s" for b in batches] + [f"TTFT {LONG_PROMPT}-token prompt, ms"] * ttft
     out = [f"# Served decode and long-prompt TTFT: `inferd serve`, vLLM CPU {m['vllm']}, the engine in process", "",
-           f"{r['date']} · {m['cpu']}, {m['cores']} cores · torch {m['torch']} · medians of {r['workload']['rounds']} "
-           "rounds, the targets taking turns", "", "| target | " + " | ".join(heads) + " |",
+           f"{r['date']} · {m['cpu']}, {m['cores']} cores · torch {m['torch']} · ISA limits: "
+           f"{m.get('isa_limits', 'none')} · medians of {r['workload']['rounds']} rounds, the targets taking turns", "", "| target | " + " | ".join(heads) + " |",
            "|---|" + "---:|" * len(keys)]
     for name, by in med.items():
         out.append(f"| {name} | " + " | ".join(f"{by[k]:.1f}" for k in keys) + " |")

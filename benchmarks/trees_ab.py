@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks.engine import _cpu_name
+from benchmarks.limits import isa_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,7 +74,8 @@ def main() -> None:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tmp / "base")], cwd=ROOT, capture_output=True)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "cpu": _cpu_name(),
-              "cores": os.cpu_count(), "base": base_rev, "new": head_rev + (" + uncommitted changes" if dirty else ""),
+              "cores": os.cpu_count(), "isa_limits": isa_limits(), "base": base_rev,
+              "new": head_rev + (" + uncommitted changes" if dirty else ""),
               "command": shlex.join(command), "runs": runs,
               "medians": {m: {name: statistics.median(runs[name][m]) for name in trees} for m in args.metric}}
     for m, med in result["medians"].items():
