@@ -186,7 +186,7 @@ def takes(kernel, dtype: torch.dtype) -> bool:
     return dtype is torch.float32 and kernel.int4_linear_fp32_native()
 
 
-def quantize_int4_linears(model: nn.Module, max_rows: int, skip: tuple[str, ...] = (),
+def quantize_int4_linears(model: nn.Module, max_rows: int | None, skip: tuple[str, ...] = (),
                           dtype: torch.dtype = torch.bfloat16, kernel=None) -> int:
     """Replaces every nn.Linear of `model` (float32 weights) whose in_features is a multiple of 32 and whose
     name is not in `skip` by an Int4Linear computing in `dtype` on `kernel` (ours; None: torch's); returns how many."""
@@ -197,7 +197,8 @@ def quantize_int4_linears(model: nn.Module, max_rows: int, skip: tuple[str, ...]
                 layer = Int4Linear(child, max_rows, kernel, dtype)
                 setattr(parent, name, layer)
                 count, exact = count + 1, exact + layer.exact
-    log.info("int4 weights for %d linears (%d of them exactly the source's Q4_1 blocks), %s rows, the int4 kernel up "
-             "to %d rows, dense above", count, exact, str(dtype).removeprefix("torch."), max_rows)
+    log.info("int4 weights for %d linears (%d of them exactly the source's Q4_1 blocks), %s rows, the int4 kernel %s",
+             count, exact, str(dtype).removeprefix("torch."),
+             "at every row count" if max_rows is None else f"up to {max_rows} rows, dense above")
     return count
 

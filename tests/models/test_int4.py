@@ -1,5 +1,6 @@
 """4-bit Q4_1 weights: the quantizer gives a Q4_1 file's blocks back exactly, the kernel path against the plain
 torch dequantized reference (odd shapes, both sides of max_rows), the engine with int4 and its settings."""
+import logging
 import threading
 import time
 
@@ -390,3 +391,13 @@ def test_auto_picks_by_cpu_and_dtype():
     assert auto_quantization("auto") == "int4" and auto_quantization("bfloat16") == ("int4" if native else "none")
     assert resolve_quantization("int8", "auto") == "int8"
     assert resolve_quantization("auto", "auto") in ("int4", "int8", "none")
+
+
+@pytest.mark.skipif(not takes_rows(torch.float32), reason="no C++ toolchain or no AVX2 here")
+def test_float32_int4_engine_says_its_kernel_serves_every_row_count(caplog):
+    caplog.set_level(logging.INFO, logger="inferd.models.int4")
+    e = LLMEngine(tiny_loaded_model(), EngineConfig(num_kv_blocks=64, block_size=4, dtype="float32",
+                                                    quantization="int4"))
+    layers = [m for m in e.model.modules() if isinstance(m, Int4Linear)]
+    assert layers and all(layer.max_rows is None and layer.dense is None for layer in layers)
+    assert "the int4 kernel at every row count" in caplog.text
