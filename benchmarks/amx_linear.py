@@ -21,6 +21,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import torch
@@ -56,8 +57,8 @@ def main() -> None:
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
             xs = [torch.randn(m, w.shape[1]).bfloat16() for w in weights]
-            targets = {"oneDNN": lambda: [linear(x, p, None, "none", [None], "") for x, p in zip(xs, packed)],
-                       "amx_linear": lambda: [amx(x, p, EMPTY) for x, p in zip(xs, pairs)]}
+            targets = {"oneDNN": one_by_one(lambda x, p: linear(x, p, None, "none", [None], ""), zip(xs, packed)),
+                       "amx_linear": one_by_one(lambda x, p: amx(x, p, EMPTY), zip(xs, pairs))}
             row = {name: {"ms": round(s * 1e3, 3), "gb_s": round(nbytes / s / 1e9, 1),
                           "gflop_s": round(2 * macs * m / s / 1e9)} for name, s in by_turns(targets, args.repeats).items()}
             row["oneDNN / amx_linear"] = round(row["oneDNN"]["ms"] / row["amx_linear"]["ms"], 2)
@@ -66,6 +67,18 @@ def main() -> None:
                                                f"{row[n]['gflop_s']} GFLOP/s)" for n in targets)
                   + f"; amx_linear {row['oneDNN / amx_linear']:.2f}x as fast", flush=True)
     save_report(result, table(result, " ".join(sys.argv[1:])), args.out)
+
+
+def one_by_one(fn, args) -> Callable[[], None]:
+    """A pass calling fn on each of args in turn, each output dropped at once, as a forward drops a layer's output
+    (until 2026-12-06 a pass kept its 120 outputs to its end: up to 20 MB of fresh pages first touched in the timed
+    calls at 64 rows; benchmarks/int4_linear.py, pass_seconds)."""
+    args = list(args)
+
+    def run() -> None:
+        for a in args:
+            fn(*a)
+    return run
 
 
 def by_turns(targets: dict, repeats: int) -> dict[str, float]:

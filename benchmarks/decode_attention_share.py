@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 import torch
 
 from benchmarks.engine import _cpu_name, _log, inferd_decode, inferd_engine
+from benchmarks.limits import isa_limits
 from inferd.models.cpp_build import build
 from inferd.models.loader import load_model
 
@@ -71,7 +72,8 @@ def main() -> None:
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
               "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__,
                           "python": platform.python_version(),
-                          "cpu_capability": torch.backends.cpu.get_cpu_capability()}, "rows": []}
+                          "cpu_capability": torch.backends.cpu.get_cpu_capability(), "isa_limits": isa_limits()},
+              "rows": []}
     lines = ["| format | B | step ms, with attention | step ms, without | attention ms per step | share |",
              "|---|---:|---:|---:|---:|---:|"]
     for name in engines:
@@ -90,7 +92,8 @@ def main() -> None:
             json.dump(result, f, indent=2)
         with open(args.out.removesuffix(".json") + ".md", "w") as f:
             f.write(f"# Decode attention's share of a step\n\n{result['date']} · {result['machine']['cpu']}, "
-                    f"{result['machine']['cores']} threads · medians of {args.repeats} runs\n\n")
+                    f"{result['machine']['cores']} threads · ISA limits: {result['machine']['isa_limits']} · medians "
+                    f"of {args.repeats} runs\n\n")
             f.write("\n".join(lines) + "\n")
 
 
