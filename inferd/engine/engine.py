@@ -49,7 +49,7 @@ def resolve_quantization(name: str, dtype: str) -> str:
     if name != "auto":
         return name
     choice = auto_quantization(dtype)
-    if choice == "int4" and not has_native_bf16() and load_int4_kernel() is None:
+    if choice == "int4" and load_int4_kernel() is None and not (has_native_bf16() and dtype in ("auto", "bfloat16")):
         choice = "int8"  # int4's float32 rows need our AVX2 loops
     if (choice == "int4" and not int4_available()) or (choice == "int8" and load_int8_kernel() is None):
         return "none"

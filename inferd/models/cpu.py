@@ -56,9 +56,11 @@ def int4_max_rows(own_kernel: bool, float32_rows: bool = False) -> int | None:
     kernel for one row only. float32 rows, our AVX2 loops (int8 inputs from int4_int8_rows) against oneDNN's
     float32 product in AVX2 code on an Emerald Rapids: 0.24x its time at one row, 0.44x at 64, 0.69x at 1,024
     (benchmarks/results/int4-linear-fp32-avx2-code-emr.md; with 16-bit inputs, on a Zen 4, even from 32 rows):
-    never dense."""
+    never dense. Where oneDNN multiplies float32 on AVX-512, the same machine without the limits: 0.68x at 64 rows,
+    0.78x at 96, 0.92x at 128, 0.98x at 192, 1.04x at 256, 1.35x at 1,024 (benchmarks/results/int4-linear-fp32-emr.md):
+    192."""
     if float32_rows:
-        return None
+        return 192 if "avx512f" in cpu_flags() else None
     if "amx_bf16" in cpu_flags():
         return 24
     if has_native_bf16():
@@ -86,13 +88,14 @@ def int4_int8_rows(float32_rows: bool = False) -> int | None:
 
 def auto_quantization(dtype: str) -> str:
     """The weight format `--quantization auto` picks for a `--dtype` setting: int4 with bf16 rows where bf16 is
-    native, int4 with float32 rows where it is not (inferd's AVX2 loops, int8 inputs from 4 rows: in AVX2 code on an
-    Emerald Rapids 1.60x int8's decode at one stream, 1.29-1.37x at 8-64, 1.33x its prefill; perplexity +1.2 %
-    against int8's -0.1 %, top-1 agreement with fp32 96.5 % against 95.6 %: benchmarks/results/
-    engine-avx2-code-int8-inputs-emr.md, quant-quality-int4-int8-inputs-avx2-code-emr.md),
-    int8 for float32 on a CPU with native bf16 (its AVX-512 int8 loops). All pass the quality checks of
-    benchmarks/quantization.py (perplexity within 3 % of fp32 for 4-bit, 1 % for int8)."""
-    native = has_native_bf16()
-    if (dtype in ("auto", "bfloat16") and native) or (dtype in ("auto", "float32") and not native):
+    native, int4 with float32 rows for float32 (and for auto where bf16 is not native: inferd's AVX2 loops, int8
+    inputs from 4 rows). In AVX2 code on an Emerald Rapids int4 1.60x int8's decode at one stream, 1.29-1.37x at
+    8-64, 1.33x its prefill; with that machine's AVX-512 1.60x at one stream, 1.42-1.50x at 8-64, prefill 1.71x
+    (benchmarks/results/engine-avx2-code-int8-inputs-emr.md, engine-float32-int8-vs-int4-emr.md); perplexity
+    +1.2 % of fp32 against int8's -0.1 % (quant-quality-int4-int8-inputs-avx2-code-emr.md). Until 2026-12-06 float32
+    took int8 where bf16 is native. Both pass the quality checks of benchmarks/quantization.py (perplexity within
+    3 % of fp32 for 4-bit, 1 % for int8); int8 serves where our int4 kernel cannot be built
+    (inferd.engine.engine.resolve_quantization)."""
+    if dtype in ("auto", "float32") or (dtype == "bfloat16" and has_native_bf16()):
         return "int4"
-    return "int8" if dtype in ("auto", "float32") else "none"
+    return "none"

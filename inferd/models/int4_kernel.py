@@ -36,8 +36,8 @@ their error against the file's weights (0.54 % against 0.17 %, benchmarks/int4_i
 each panel spread once to bytes (the nibbles of a chunk's two halves interleaved a word at a time), vpmaddubsw
 multiplies 32 nibbles by 32 int8 inputs into 16 words, a group's 8 chunks add up in 16 bits (at most 30,480) and
 vpmaddwd widens them: in AVX2 code on an Emerald Rapids 1.16x the 16-bit rows' speed at 4 rows, 1.56-1.86x at
-16-64, 0.5 % error against their 0.01 %; 1.46x oneDNN's dense float32 product at 1,024 rows, so these rows take no
-dense copy
+16-64, 0.5 % error against their 0.01 %; 1.46x oneDNN's dense float32 product at 1,024 rows, so on AVX2 these rows take
+no dense copy
 (benchmarks/results/int4-int8-inputs-avx2-code-emr.md, int4-linear-fp32-avx2-code-emr.md).
 
 Panels are split across the threads.

@@ -27,6 +27,8 @@ def test_an_avx2_march_hides_the_avx512_and_amx_flags_from_the_rules(march):
     assert not cpu.has_native_bf16() and cpu.int4_int8_rows() is None and cpu.int4_max_rows(True) == 1
     assert cpu.int4_int8_rows(True) == 4 and cpu.int4_max_rows(True, True) is None  # float32 rows: AVX2 loops
     assert cpu.auto_quantization("auto") == "int4"  # with float32 rows, as on an AVX2 machine
+    march("native")  # float32 rows: dense from 193 rows where oneDNN has AVX-512 FMAs, never on AVX2 alone
+    assert cpu.int4_max_rows(True, True) == (192 if "avx512f" in native else None)
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler here")

@@ -387,17 +387,23 @@ def test_auto_dtype_follows_the_weight_format():
 
 def test_auto_picks_by_cpu_and_dtype():
     native = has_native_bf16()
-    assert auto_quantization("float32") == ("int8" if native else "int4") and auto_quantization("float16") == "none"
+    assert auto_quantization("float32") == "int4" and auto_quantization("float16") == "none"
     assert auto_quantization("auto") == "int4" and auto_quantization("bfloat16") == ("int4" if native else "none")
     assert resolve_quantization("int8", "auto") == "int8"
     assert resolve_quantization("auto", "auto") in ("int4", "int8", "none")
 
 
-@pytest.mark.skipif(not takes_rows(torch.float32), reason="no C++ toolchain or no AVX2 here")
-def test_float32_int4_engine_says_its_kernel_serves_every_row_count(caplog):
+@pytest.mark.skipif(not takes_rows(torch.float32, "haswell"), reason="no C++ toolchain or no AVX2 here")
+def test_float32_int4_engine_on_avx2_says_its_kernel_serves_every_row_count(caplog, monkeypatch):
+    from inferd.models import cpu
+    monkeypatch.setenv("INFERD_KERNEL_MARCH", "haswell")  # the rules as on an AVX2 machine
+    cpu.cpu_flags.cache_clear()
     caplog.set_level(logging.INFO, logger="inferd.models.int4")
-    e = LLMEngine(tiny_loaded_model(), EngineConfig(num_kv_blocks=64, block_size=4, dtype="float32",
-                                                    quantization="int4"))
+    try:
+        e = LLMEngine(tiny_loaded_model(), EngineConfig(num_kv_blocks=64, block_size=4, dtype="float32",
+                                                        quantization="int4"))
+    finally:
+        cpu.cpu_flags.cache_clear()
     layers = [m for m in e.model.modules() if isinstance(m, Int4Linear)]
     assert layers and all(layer.max_rows is None and layer.dense is None for layer in layers)
     assert "the int4 kernel at every row count" in caplog.text
