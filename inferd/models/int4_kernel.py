@@ -36,9 +36,8 @@ their error against the file's weights (0.54 % against 0.17 %, benchmarks/int4_i
 each panel spread once to bytes (the nibbles of a chunk's two halves interleaved a word at a time), vpmaddubsw
 multiplies 32 nibbles by 32 int8 inputs into 16 words, a group's 8 chunks add up in 16 bits (at most 30,480) and
 vpmaddwd widens them: in AVX2 code on an Emerald Rapids 1.16x the 16-bit rows' speed at 4 rows, 1.56-1.86x at
-16-64, 0.5 % error against their 0.01 %; 1.46x oneDNN's dense float32 product at 1,024 rows, so on AVX2 these rows take
-no dense copy
-(benchmarks/results/int4-int8-inputs-avx2-code-emr.md, int4-linear-fp32-avx2-code-emr.md).
+16-64, 0.5 % error against their 0.01 %; 1.46x oneDNN's dense float32 product at 1,024 rows, so on AVX2 these rows
+take no dense copy (benchmarks/results/int4-int8-inputs-avx2-code-emr.md, int4-linear-fp32-avx2-code-emr.md).
 
 Panels are split across the threads.
 """
@@ -494,8 +493,8 @@ torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor d
           xscale[r * G + g] = quantize_group_i8(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
     });
     float* yp = y.data_ptr<float>();
-    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-      std::vector<uint8_t> spread(G * SPREAD_GROUP);
+    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {  // panels_by_tiles, each panel spread first
+      std::vector<uint8_t> spread(G * SPREAD_GROUP);  // (through it with a thread_local buffer: slower, scratch timing)
       for (int64_t p = p0; p < p1; ++p) {
         spread_panel(wp + p * G * 256, dp + p * G * 32, G, spread.data());
         for (int64_t r = 0, tiles = (M + TILE_I8 - 1) / TILE_I8, t = 0; t < tiles; ++t) {
