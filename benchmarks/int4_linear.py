@@ -66,7 +66,8 @@ def pass_seconds(calls) -> float:
     """Seconds for one pass of `calls` (each a function of no argument), each output dropped at once as a forward
     drops a layer's output once the next has read it. Until 2026-12-06 these benchmarks kept the 120 outputs of a
     pass alive to its end: up to 40 MB of new pages a pass at 64 rows, each first touched in the timed call (on an
-    Emerald Rapids in AVX2 code, scratch timings: the int8-input rows' 120 linears 50-53 ms so, 37-41 dropped at once)."""
+    Emerald Rapids in AVX2 code, scratch timings: the int8-input rows' 120 linears 50-53 ms so, 37-41 dropped at
+    once)."""
     t = time.perf_counter()
     for call in calls:
         call()

@@ -91,7 +91,7 @@ class Int4Linear(nn.Module):
         if kernel is not None and not takes(kernel, dtype):
             kernel = None
         assert kernel is not None or dtype is torch.bfloat16, "float32 rows need our kernel (AVX2)"
-        assert kernel is not None or max_rows is not None, "torch's int4 kernel serves a few rows: a dense copy the rest"
+        assert kernel is not None or max_rows is not None, "torch's int4 kernel serves a few rows, a dense copy more"
         self.kernel = kernel
         # from these rows on (up to max_rows) the kernel's inputs are rounded to int8 (int4_linear_int8); None: never
         self.int8_rows = int4_int8_rows(dtype is torch.float32) if kernel is not None else None
