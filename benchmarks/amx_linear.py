@@ -21,14 +21,13 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 
 import torch
 
 from benchmarks.engine import _cpu_name
 from benchmarks.quantization import save_report
-from benchmarks.int4_linear import layer_linears
+from benchmarks.int4_linear import layer_linears, one_by_one
 from inferd.models.cpu_kernels import load_cpp_kernels
 from inferd.models.loader import load_model
 from inferd.models.packed import EMPTY, PACK_FOR_BATCH, pair_weights
@@ -60,25 +59,14 @@ def main() -> None:
             targets = {"oneDNN": one_by_one(lambda x, p: linear(x, p, None, "none", [None], ""), zip(xs, packed)),
                        "amx_linear": one_by_one(lambda x, p: amx(x, p, EMPTY), zip(xs, pairs))}
             row = {name: {"ms": round(s * 1e3, 3), "gb_s": round(nbytes / s / 1e9, 1),
-                          "gflop_s": round(2 * macs * m / s / 1e9)} for name, s in by_turns(targets, args.repeats).items()}
+                          "gflop_s": round(2 * macs * m / s / 1e9)}
+                   for name, s in by_turns(targets, args.repeats).items()}
             row["oneDNN / amx_linear"] = round(row["oneDNN"]["ms"] / row["amx_linear"]["ms"], 2)
             result["rows"][m] = row
             print(f"rows {m:3d}: " + ", ".join(f"{n} {row[n]['ms']:.2f} ms ({row[n]['gb_s']} GB/s, "
                                                f"{row[n]['gflop_s']} GFLOP/s)" for n in targets)
                   + f"; amx_linear {row['oneDNN / amx_linear']:.2f}x as fast", flush=True)
     save_report(result, table(result, " ".join(sys.argv[1:])), args.out)
-
-
-def one_by_one(fn, args) -> Callable[[], None]:
-    """A pass calling fn on each of args in turn, each output dropped at once, as a forward drops a layer's output
-    (until 2026-12-06 a pass kept its 120 outputs to its end: up to 20 MB of fresh pages first touched in the timed
-    calls at 64 rows; benchmarks/int4_linear.py, pass_seconds)."""
-    args = list(args)
-
-    def run() -> None:
-        for a in args:
-            fn(*a)
-    return run
 
 
 def by_turns(targets: dict, repeats: int) -> dict[str, float]:

@@ -12,7 +12,6 @@ weights on random inputs.
         --out benchmarks/results/int4-int8-inputs-avx2-code-emr.md
 """
 import argparse
-import functools
 import statistics
 import sys
 from datetime import datetime, timezone
@@ -20,7 +19,7 @@ from datetime import datetime, timezone
 import torch
 
 from benchmarks.engine import _cpu_name
-from benchmarks.int4_linear import as_linear, layer_linears, pass_seconds
+from benchmarks.int4_linear import as_linear, layer_linears, one_by_one, seconds
 from benchmarks.limits import isa_limits
 from inferd.models.int4 import Int4Linear, dequantize_q4_1, quantize_q4_1, takes
 from inferd.models.int4_kernel import load_int4_kernel
@@ -66,7 +65,7 @@ def main() -> None:
             runs = {name: [] for name in ops}
             for _ in range(args.repeats + 1):  # the first pass warms
                 for name, op in ops.items():
-                    runs[name].append(pass_seconds([functools.partial(op, layer, x) for layer, x in zip(layers, xs)]))
+                    runs[name].append(seconds(one_by_one(op, zip(layers, xs))))
             ms = [statistics.median(r[1:]) * 1e3 for r in runs.values()]
             lines.append(f"| {m} | {ms[0]:.2f} | {ms[1]:.2f} | {ms[0] / ms[1]:.2f}x |")
             print(lines[-1], flush=True)

@@ -18,11 +18,11 @@ machine's).
         --rows 1,4,16,32,64,128,256,1024 --out benchmarks/results/int4-linear-fp32-avx2-code-emr.json
 """
 import argparse
-import functools
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import torch
@@ -62,16 +62,17 @@ def seconds(fn) -> float:
     return time.perf_counter() - t
 
 
-def pass_seconds(calls) -> float:
-    """Seconds for one pass of `calls` (each a function of no argument), each output dropped at once as a forward
-    drops a layer's output once the next has read it. Until 2026-12-06 these benchmarks kept the 120 outputs of a
-    pass alive to its end: up to 40 MB of new pages a pass at 64 rows, each first touched in the timed call (on an
-    Emerald Rapids in AVX2 code, scratch timings: the int8-input rows' 120 linears 50-53 ms so, 37-41 dropped at
-    once)."""
-    t = time.perf_counter()
-    for call in calls:
-        call()
-    return time.perf_counter() - t
+def one_by_one(fn, args) -> Callable[[], None]:
+    """A pass calling fn on each of args in turn, each output dropped at once, as a forward drops a layer's output
+    once the next has read it. Until 2026-12-06 these benchmarks kept a pass's 120 outputs alive to its end: up to
+    40 MB of new pages a pass at 64 rows, each first touched in a timed call (on an Emerald Rapids in AVX2 code,
+    scratch timings: the int8-input rows' 120 linears 50-53 ms so, 37-41 dropped at once)."""
+    args = list(args)
+
+    def run() -> None:
+        for a in args:
+            fn(*a)
+    return run
 
 
 def main() -> None:
@@ -107,7 +108,7 @@ def main() -> None:
             runs = {name: [] for name in targets}
             for _ in range(args.repeats + 1):  # the first pass warms
                 for name, (ops, _) in targets.items():
-                    runs[name].append(pass_seconds([functools.partial(op, x) for op, x in zip(ops, xs)]))
+                    runs[name].append(seconds(one_by_one(lambda op, x: op(x), zip(ops, xs))))
             row = {name: {"ms": round(statistics.median(r[1:]) * 1e3, 3),
                           "gb_s": round(targets[name][1] / statistics.median(r[1:]) / 1e9, 1)} for name, r in runs.items()}
             result["rows"][m] = row
@@ -119,8 +120,9 @@ def main() -> None:
 
 def table(r: dict, args: str) -> str:
     machine, names = r["machine"], list(next(iter(r["rows"].values())))
-    env = " ".join(f"{k}={machine[k]}" for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if machine.get(k))
-    env = machine.get("isa_limits", env).replace("none", "")  # before 2026-12-06 two of the limits, by name
+    env = machine.get("isa_limits") or " ".join(  # before 2026-12-06 two of the limits, by name
+        f"{k}={machine[k]}" for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if machine.get(k))
+    env = "" if env == "none" else env
     lines = [f"# SmolLM2-135M's 120 layer linears in 4 bits and dense, {r.get('dtype', 'bfloat16')} rows ({r['date']}; "
              f"{machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}, our kernels built for "
              f"-march={machine.get('march', 'native')})", "",

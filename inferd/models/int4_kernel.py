@@ -85,6 +85,25 @@ static void by_rows(int64_t rows, const F& f) {
   f(std::integral_constant<int, MAX>{});
 }
 
+// Rows x: [M, K] rounded a group of 32 at a time by round(group, its integers, &its sum) -> its step: the integers
+// [M, K], each group's step and sum [M, K / 32]. Rows split across the threads from 17 (a 1,024-row prompt's
+// rounding is a few per cent of its linears). round: a lambda, inlined (a function pointer is called per group).
+template <typename Q>
+struct RoundedRows {
+  std::vector<Q> q;
+  std::vector<float> scale, sum;
+
+  template <typename X, typename F>
+  RoundedRows(const X* x, int64_t M, int64_t K, F round) : q(M * K), scale(M * K / 32), sum(M * K / 32) {
+    const int64_t G = K / 32;
+    at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t g = 0; g < G; ++g)
+          scale[r * G + g] = round(x + r * K + g * 32, q.data() + r * K + g * 32, &sum[r * G + g]);
+    });
+  }
+};
+
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 using bf16 = uint16_t;
@@ -396,11 +415,7 @@ static void integer_rows(const torch::Tensor& x, const uint8_t* wp, const uint16
                          int64_t G, int64_t N, torch::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1);
   const bf16* xp = (const bf16*)x.data_ptr();
-  std::vector<Q> xq(M * K);
-  std::vector<float> xscale(M * G), xsum(M * G);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t g = 0; g < G; ++g)
-      xscale[r * G + g] = round_group(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
+  const RoundedRows<Q> xq(xp, M, K, [](auto... a) { return round_group<Q>(a...); });
   alignas(64) uint16_t words[32];  // int8: word 2j from the first chunk's word j, word 2j + 1 from the second's
   for (int j = 0; j < 16; ++j) words[2 * j] = j, words[2 * j + 1] = 16 + j;
   const __m512i order = _mm512_load_si512(words);
@@ -408,8 +423,9 @@ static void integer_rows(const torch::Tensor& x, const uint8_t* wp, const uint16
   panels_by_tiles(P, M, 8, [&](int64_t p, int64_t r, int64_t rows) {
     by_rows<8>(rows, [&](auto R) {  // 4 accumulators a row hide the products' latency; 2 leave registers for 8
       constexpr int Rows = decltype(R)::value;
-      panel_rows<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
-                                          xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16, order);
+      panel_rows<Rows, Rows <= 4 ? 4 : 2>(wp + p * G * 256, dp + p * G * 32, G, xq.q.data() + r * K, K,
+                                          xq.scale.data() + r * G, xq.sum.data() + r * G, bp, yp + r * N, N, p * 16,
+                                          order);
     });
   });
 }
@@ -447,16 +463,12 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
 #if defined(__AVX2__) && defined(__FMA__)
   if (!bf) {
     const float* xp = x.data_ptr<float>();
-    std::vector<int16_t> xq(M * K);
-    std::vector<float> xscale(M * G), xsum(M * G);
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t g = 0; g < G; ++g)
-        xscale[r * G + g] = quantize_group(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
+    const RoundedRows<int16_t> xq(xp, M, K, [](auto... a) { return quantize_group(a...); });
     float* yp = y.data_ptr<float>();
     panels_by_tiles(P, M, 4, [&](int64_t p, int64_t r, int64_t rows) {
       by_rows<4>(rows, [&](auto R) {
-        panel_rows_fp32<decltype(R)::value>(wp + p * G * 256, dp + p * G * 32, G, xq.data() + r * K, K,
-                                            xscale.data() + r * G, xsum.data() + r * G, bp, yp + r * N, N, p * 16);
+        panel_rows_fp32<decltype(R)::value>(wp + p * G * 256, dp + p * G * 32, G, xq.q.data() + r * K, K,
+                                            xq.scale.data() + r * G, xq.sum.data() + r * G, bp, yp + r * N, N, p * 16);
       });
     });
   }
@@ -485,13 +497,7 @@ torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor d
   if (!bf) {
     const int64_t M = x.size(0), K = x.size(1), P = w.size(0), G = w.size(1);
     const float* xp = x.data_ptr<float>();
-    std::vector<int8_t> xq(M * K);
-    std::vector<float> xscale(M * G), xsum(M * G);
-    at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t g = 0; g < G; ++g)
-          xscale[r * G + g] = quantize_group_i8(xp + r * K + g * 32, xq.data() + r * K + g * 32, &xsum[r * G + g]);
-    });
+    const RoundedRows<int8_t> xq(xp, M, K, [](auto... a) { return quantize_group_i8(a...); });
     float* yp = y.data_ptr<float>();
     at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {  // panels_by_tiles, each panel spread first
       std::vector<uint8_t> spread(G * SPREAD_GROUP);  // (through it with a thread_local buffer: slower, scratch timing)
@@ -500,8 +506,8 @@ torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor d
         for (int64_t r = 0, tiles = (M + TILE_I8 - 1) / TILE_I8, t = 0; t < tiles; ++t) {
           const int64_t rows = M / tiles + (t < M % tiles);
           by_rows<TILE_I8>(rows, [&](auto R) {
-            panel_rows_i8<decltype(R)::value>(spread.data(), G, xq.data() + r * K, K, xscale.data() + r * G,
-                                              xsum.data() + r * G, bp, yp + r * N, N, p * 16);
+            panel_rows_i8<decltype(R)::value>(spread.data(), G, xq.q.data() + r * K, K, xq.scale.data() + r * G,
+                                              xq.sum.data() + r * G, bp, yp + r * N, N, p * 16);
           });
           r += rows;
         }
