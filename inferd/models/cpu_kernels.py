@@ -19,7 +19,9 @@ weight reads. Here each of these is one call:
   from memory (benchmarks/paged_decode.py). bf16 where the CPU has AVX-512 BF16 (head_dim 32, 64, 128) and
   there are at least twice as many sequences as threads runs on its dot products instead, K and V never
   widened, a task a whole sequence (its blocks read as one): in the engine 0.85-0.89x the attention's time at
-  8-64 streams of 512 positions (benchmarks/README.md, "Decode attention on bf16 dot products").
+  8-64 streams of 512 positions (benchmarks/README.md, "Decode attention on bf16 dot products"). Elsewhere on AVX-512 (AMX
+  CPUs), bf16 at head_dim 32, 64, 128 is widened without a shuffle and its scores summed 8 keys at a time
+  (attend_split): 0.92x the attention's time in a 64-stream decode step on an Emerald Rapids.
 - `prefill_attention(q, k_cache, v_cache, blocks, ctx, block_size, scale)`: causal attention of a prompt chunk over
   its context, read from the cache blocks, as a flash attention on AVX-512: in bf16 on its bf16 dot products
   (vdpbf16ps, where the CPU has AVX-512 BF16), 2.4-3.7x the gather + SDPA path at SmolLM2's shapes; in fp32 on
@@ -410,6 +412,132 @@ static void attend_vec(const float* qf, int64_t G, int64_t hd, const T* kc, cons
     }
   }
 }
+
+#if defined(__AVX512F__)
+// The same for bf16 caches with head_dim a multiple of 32, widened without a shuffle: a 32-bit lane holds two bf16,
+// the even element in its low half; shifted up 16 it is that element's float32, masked to its high half the odd
+// one's. So 32 dims are one load, a shift and an and (vload's widening is a shuffle a 16 dims, on the one port that
+// also takes every 512-bit shuffle), q is laid out to match (each 32 dims as their 16 even, then their 16 odd: split_q)
+// and PV's sums are put back in order once at the end. QK takes 8 keys at a time, their sums across lanes together
+// (sum8: 2 shuffles a key, where a reduction each took 4).
+static inline void split_bf16(const bf16* p, __m512& even, __m512& odd) {
+  const __m512i x = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(int32_t(0xffff0000u))));
+}
+
+// q's float32 row in split_bf16's order: dims 32 c + 2 j at 32 c + j, 32 c + 2 j + 1 at 32 c + 16 + j
+static inline void split_q(const bf16* q, float scale, int64_t n, float* out) {
+  for (int64_t c = 0; c < n; c += 32)
+    for (int64_t j = 0; j < 16; ++j) out[c + j] = ld(q[c + 2 * j]) * scale, out[c + 16 + j] = ld(q[c + 2 * j + 1]) * scale;
+}
+
+// lane i < 8: the sum of a[i]'s lanes (sum16's steps on 8 vectors)
+static inline __m256 sum8(const __m512* a) {
+  __m512 b[4];
+  for (int i = 0; i < 4; ++i)
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  __m512 c[2];
+  for (int j = 0; j < 2; ++j) {
+    const __m512d x = _mm512_castps_pd(b[2 * j]), y = _mm512_castps_pd(b[2 * j + 1]);
+    c[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+  return _mm512_castps512_ps256(_mm512_add_ps(_mm512_shuffle_f32x4(e, e, 0x88), _mm512_shuffle_f32x4(e, e, 0xdd)));
+}
+
+template <int C2, int GT>
+static void qk_split(const float* q, int64_t hd, const bf16* cache, const bf16* vcache, const int64_t* blocks,
+                     int64_t block_size, int64_t row, int64_t len, float* s, int64_t stride) {
+  for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+    const bf16* block = cache + blocks[t0 / block_size] * block_size * row;
+    const int64_t n = std::min(block_size, len - t0);
+    const bf16* next = t0 + block_size < len ? cache + blocks[t0 / block_size + 1] * block_size * row : nullptr;
+    const bf16* values = vcache + blocks[t0 / block_size] * block_size * row;
+    for (int64_t i0 = 0; i0 < n; i0 += 8) {
+      const int64_t m = std::min<int64_t>(8, n - i0);
+      __m512 acc[GT][8];
+      for (int i = 0; i < 8; ++i) {
+        for (int g = 0; g < GT; ++g) acc[g][i] = _mm512_setzero_ps();
+        if (i >= m) continue;
+        const bf16* k = block + (i0 + i) * row;
+        if (next) prefetch<_MM_HINT_T0>(next + (i0 + i) * row, C2 * 64);
+        prefetch<_MM_HINT_T1>(values + (i0 + i) * row, C2 * 64);
+        for (int c = 0; c < C2; ++c) {
+          __m512 even, odd;
+          split_bf16(k + 32 * c, even, odd);
+          for (int g = 0; g < GT; ++g) {
+            const float* qg = q + g * hd + 32 * c;
+            acc[g][i] = _mm512_fmadd_ps(_mm512_loadu_ps(qg), even, acc[g][i]);
+            acc[g][i] = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16), odd, acc[g][i]);
+          }
+        }
+      }
+      for (int g = 0; g < GT; ++g) _mm256_mask_storeu_ps(s + g * stride + t0 + i0, (__mmask8)((1u << m) - 1), sum8(acc[g]));
+    }
+  }
+}
+
+template <int C2, int GT>
+static void pv_split(const float* p, int64_t stride, const bf16* cache, const int64_t* blocks, int64_t block_size,
+                     int64_t row, int64_t len, const float* inv, float* out, int64_t hd) {
+  __m512 even[GT][C2], odd[GT][C2];
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < C2; ++c) even[g][c] = odd[g][c] = _mm512_setzero_ps();
+  for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+    const bf16* block = cache + blocks[t0 / block_size] * block_size * row;
+    const int64_t n = std::min(block_size, len - t0);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int c = 0; c < C2; ++c) {
+        __m512 e, o;
+        split_bf16(block + i * row + 32 * c, e, o);
+        for (int g = 0; g < GT; ++g) {
+          const __m512 w = _mm512_set1_ps(p[g * stride + t0 + i]);
+          even[g][c] = _mm512_fmadd_ps(w, e, even[g][c]);
+          odd[g][c] = _mm512_fmadd_ps(w, o, odd[g][c]);
+        }
+      }
+    }
+  }
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < C2; ++c) {
+      const __m512 e = _mm512_mul_ps(even[g][c], _mm512_set1_ps(inv[g])), o = _mm512_mul_ps(odd[g][c], _mm512_set1_ps(inv[g]));
+      _mm512_storeu_ps(out + g * hd + 32 * c, _mm512_permutex2var_ps(e, lo, o));
+      _mm512_storeu_ps(out + g * hd + 32 * c + 16, _mm512_permutex2var_ps(e, hi, o));
+    }
+}
+
+// attend_vec's loop on qk_split and pv_split, query heads in tiles of up to 3 (QK's 8 keys' sums in registers);
+// qf in split_q's order
+template <int C2>
+static void attend_split(const float* qf, int64_t G, int64_t hd, const bf16* kc, const bf16* vc, const int64_t* blocks,
+                         int64_t block_size, int64_t row, int64_t len, float* scores, int64_t stride, float* out,
+                         float* stats) {
+  for (int64_t g0 = 0; g0 < G; g0 += 3) {
+    const int64_t gt = std::min<int64_t>(3, G - g0);
+    const float* q = qf + g0 * hd; float* s = scores + g0 * stride;
+    switch (gt) {
+      case 1: qk_split<C2, 1>(q, hd, kc, vc, blocks, block_size, row, len, s, stride); break;
+      case 2: qk_split<C2, 2>(q, hd, kc, vc, blocks, block_size, row, len, s, stride); break;
+      default: qk_split<C2, 3>(q, hd, kc, vc, blocks, block_size, row, len, s, stride);
+    }
+    float inv[3];
+    for (int64_t g = 0; g < gt; ++g) {
+      float* st = stats + 2 * (g0 + g);
+      st[1] = exp_row(s + g * stride, len, &st[0]);
+      inv[g] = 1.f / st[1];
+    }
+    float* o = out + g0 * hd;
+    switch (gt) {
+      case 1: pv_split<C2, 1>(s, stride, vc, blocks, block_size, row, len, inv, o, hd); break;
+      case 2: pv_split<C2, 2>(s, stride, vc, blocks, block_size, row, len, inv, o, hd); break;
+      default: pv_split<C2, 3>(s, stride, vc, blocks, block_size, row, len, inv, o, hd);
+    }
+  }
+}
+#endif
 #endif
 
 #if defined(__AVX512BF16__)
@@ -621,12 +749,19 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   by_dtype(q, [&](auto z) {
     using T = decltype(z);
     auto attend = attend_scalar<T>;
+    bool split = false;  // qf in split_q's order (attend_split)
 #ifdef INFERD_VEC
     if (hd == W) attend = attend_vec<1, T>;
     else if (hd == 2 * W) attend = attend_vec<2, T>;
     else if (hd == 4 * W) attend = attend_vec<4, T>;
     else if (hd == 8 * W) attend = attend_vec<8, T>;
     else if (hd == 16 * W) attend = attend_vec<16, T>;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, bf16>) {
+      const auto to = hd == 32 ? attend_split<1> : hd == 64 ? attend_split<2> : hd == 128 ? attend_split<4> : nullptr;
+      if (to) attend = to, split = true;
+    }
+#endif
 #endif
     // bf16 on its dot products where the CPU has them and the sequences alone keep the threads busy (attend_bf16, a
     // task a sequence: all its KV heads), else widened to float32 (attend, a task a KV head). With fewer sequences
@@ -675,7 +810,13 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
           attend2((const bf16*)qg, (float)scale, KH, G, hd, (const bf16*)kp + h * hd, (const bf16*)vp + h * hd, blocks,
                   block_size, row, t1 - t0, scores.data(), probs.data(), longest, o, sti);
         } else {
-          for (int64_t j = 0; j < G * hd; ++j) qf[j] = ld(qg[j]) * (float)scale;
+          if (split) {
+#if defined(__AVX512F__)
+            split_q((const bf16*)qg, (float)scale, G * hd, qf.data());
+#endif
+          } else {
+            for (int64_t j = 0; j < G * hd; ++j) qf[j] = ld(qg[j]) * (float)scale;
+          }
           attend(qf.data(), G, hd, kp + h * hd, vp + h * hd, blocks, block_size, row, t1 - t0, scores.data(), longest,
                  o, sti);
         }

@@ -101,7 +101,8 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-# head_dim 16..128 take the vector loops (tiles of 1-4 query heads: 9 / 1 is 4 + 4 + 1), 24 the scalar ones. The 5
+# head_dim 16..128 take the vector loops (tiles of 1-4 query heads: 9 / 1 is 4 + 4 + 1; bf16 at 32..128 on AVX-512
+# takes tiles of 1-3, widened without a shuffle: 9 / 1 is 3 + 3 + 3, 10 / 2 is 3 + 2), 24 the scalar ones. The 5
 # sequences on 1 thread: bf16 on its dot products where the CPU has AVX-512 BF16 (head_dim 32, 64, 128; a task a
 # sequence); on 8 threads, fewer than twice as many sequences: widened to float32, a task a KV head.
 @pytest.mark.parametrize("dtype", DTYPES)
