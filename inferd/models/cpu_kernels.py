@@ -199,13 +199,20 @@ static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 static inline float vhmax(vec a) { return _mm512_reduce_max_ps(a); }
 static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2i(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p 2^n
-static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+static inline vec vrecip(vec a) {  // 1 / a to float32's precision: a 14-bit estimate and one Newton step (no divide)
+  const vec r = _mm512_rcp14_ps(a);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(a, r, _mm512_set1_ps(2.f)));
+}
 static inline vec vneg_where(vec x, vec a, vec b) { return _mm512_mask_blend_ps(_mm512_movepi32_mask(_mm512_castps_si512(x)), a, b); }
 static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
 static inline void vstore(bf16* p, vec a) {  // rounded to nearest even, as to<bf16>
+#if defined(__AVX512BF16__)
+  _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(a));  // one instruction where the CPU has it
+#else
   const __m512i u = _mm512_castps_si512(a), one = _mm512_set1_epi32(1);
   const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
   _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+#endif
 }
 static inline vec vzero_where(vec a, vec x, float bad) {  // a, with 0 where x is bad (an integer compare of the bits:
   const __mmask16 m = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_set1_epi32(__builtin_bit_cast(int32_t, bad)));
@@ -245,7 +252,10 @@ static inline vec vpow2i(vec p, vec n) {  // p 2^n for integral n >= -126 (exp's
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
-static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+static inline vec vrecip(vec a) {  // 1 / a to about float32's precision: a 12-bit estimate and one Newton step
+  const vec r = _mm256_rcp_ps(a);
+  return _mm256_mul_ps(r, _mm256_fnmadd_ps(a, r, _mm256_set1_ps(2.f)));
+}
 static inline vec vneg_where(vec x, vec a, vec b) { return _mm256_blendv_ps(a, b, x); }
 static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
 static inline void vstore(bf16* p, vec a) {  // rounded to nearest even, as to<bf16>
@@ -278,7 +288,7 @@ template <typename T> static int64_t silu_mul_vec(const T* g, const T* u, T* o, 
   int64_t i = 0;
   for (; i + W <= n; i += W) {
     const vec x = vload(g + i), e = vexp(vsub(vset(0.f), vmax(x, vsub(vset(0.f), x))));
-    const vec s = vdiv(vset(1.f), vadd(vset(1.f), e));
+    const vec s = vrecip(vadd(vset(1.f), e));
     vstore(o + i, vmul(vmul(x, vneg_where(x, s, vmul(e, s))), vload(u + i)));
   }
   return i;
