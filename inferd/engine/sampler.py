@@ -9,7 +9,7 @@ argmax of p / E, draws one number per vocabulary entry on one thread: 28.5 ms
 at 32 rows of SmolLM2's 49,152 tokens, against 1.6 ms for this; benchmarks/sampler.py.)
 The draw runs as one C++ op over the rows (`sample_rows` of inferd.models.cpu_kernels:
 weights, their float64 sums and the search in one pass per row, rows on all threads)
-or, where that is not built, as the same steps in torch.
+or, where that is not built, as the same steps in torch; so does the greedy pick (`best_rows`).
 """
 import torch
 
@@ -20,7 +20,8 @@ from inferd.models.cpu_kernels import TorchKernels
 
 class Sampler:
     def __init__(self, seed: int | None = None, kernels=TorchKernels):
-        """kernels: where the draw runs (`sample_rows` of inferd.models.cpu_kernels: the C++ op or torch's)."""
+        """kernels: where the draw and the greedy pick run (`sample_rows`, `best_rows` of inferd.models.cpu_kernels:
+        the C++ ops or torch's)."""
         self.kernels = kernels
         self.generator = torch.Generator()
         if seed is None:
@@ -36,7 +37,7 @@ class Sampler:
         if len(random_rows) == len(seqs):
             tokens = self._sample(logits, seqs)
         else:
-            tokens = best_tokens(logits)
+            tokens = self.kernels.best_rows(logits.float().contiguous())
             if random_rows:
                 rows = torch.tensor(random_rows)
                 tokens[rows] = self._sample(logits[rows], [seqs[i] for i in random_rows])
@@ -83,12 +84,6 @@ def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor
         counts = torch.bincount(torch.tensor(out), minlength=logits.shape[1])[: logits.shape[1]].to(logits.dtype)
         logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
-
-
-def best_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax, the first of equal maxima. torch's max over a dim finds it 2.4x sooner than its argmax at
-    64 rows of SmolLM2's vocabulary (0.84 vs 2.0 ms on a 2-core Sapphire Rapids)."""
-    return logits.max(dim=-1).indices
 
 
 def _has_top_k_top_p(seqs: list[Sequence]) -> bool:

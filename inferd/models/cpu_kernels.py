@@ -197,6 +197,10 @@ static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 static inline float vhmax(vec a) { return _mm512_reduce_max_ps(a); }
+static inline int vfind(vec a, float v) {  // the first lane equal to v, or -1
+  const __mmask16 m = _mm512_cmp_ps_mask(a, _mm512_set1_ps(v), _CMP_EQ_OQ);
+  return m ? __builtin_ctz(m) : -1;
+}
 static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2i(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p 2^n
 static inline vec vrecip(vec a) {  // 1 / a to float32's precision: a 14-bit estimate and one Newton step (no divide)
@@ -246,6 +250,10 @@ static inline float vhmax(vec a) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+static inline int vfind(vec a, float v) {  // the first lane equal to v, or -1
+  const int m = _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(v), _CMP_EQ_OQ));
+  return m ? __builtin_ctz(m) : -1;
 }
 static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2i(vec p, vec n) {  // p 2^n for integral n >= -126 (exp's argument is clamped above that)
@@ -1270,6 +1278,40 @@ torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::T
   return prefill_sdpa(q, k_cache, v_cache, blocks, ctx, block_size, scale);
 }
 
+// Each row's argmax of logits [B, V] (float32), the first of equal maxima, rows on all threads: the greedy pick.
+// torch's max over the rows ran on one thread (1.4 ms of a 64-stream bf16 decode step of SmolLM2's on an Emerald
+// Rapids). A row whose maximum equals none of its values (NaN, which -ffast-math's compares do not order) takes 0.
+torch::Tensor best_rows(torch::Tensor logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == torch::kFloat32,
+              "logits must be contiguous [rows, vocab] float32");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  auto out = torch::empty({B}, torch::kInt64);
+  const float* lp = ptr<float>(logits);
+  int64_t* op = ptr<int64_t>(out);
+  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* l = lp + b * V;
+      float mx = -std::numeric_limits<float>::infinity();
+      int64_t i = 0, token = -1;
+#ifdef INFERD_VEC
+      vec m = vset(mx);
+      for (; i + W <= V; i += W) m = vmax(m, vload(l + i));
+      mx = vhmax(m);
+#endif
+      for (; i < V; ++i) mx = std::max(mx, l[i]);
+      i = 0;
+#ifdef INFERD_VEC
+      for (; i + W <= V && token < 0; i += W)
+        if (const int lane = vfind(vload(l + i), mx); lane >= 0) token = i + lane;
+#endif
+      for (; i < V && token < 0; ++i)
+        if (l[i] == mx) token = i;
+      op[b] = std::max<int64_t>(token, 0);
+    }
+  });
+  return out;
+}
+
 // One token per row of logits [B, V] (float32), drawn from softmax(logits / temperature) by inverting its
 // distribution function at u in [0, 1): the first token whose running sum of weights e^((l - max) / t), summed in
 // float64 in token order, passes u * total. A -inf logit (a masked token) weighs exactly 0, so is never drawn; the
@@ -1540,7 +1582,7 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
 }
 """
 FUNCTIONS = ["rms_norm", "add_rms_norm", "silu_mul", "rope_cache", "paged_decode", "prefill_attention",
-             "sample_rows", "one_row_linear_native", "one_row_linear", "amx_linear_native", "amx_linear"]
+             "sample_rows", "best_rows", "one_row_linear_native", "one_row_linear", "amx_linear_native", "amx_linear"]
 DTYPES = (torch.float32, torch.bfloat16)  # what the C++ ops take
 
 
@@ -1610,6 +1652,12 @@ class TorchKernels:
             visible = torch.arange(ctx) <= torch.arange(ctx - n, ctx).unsqueeze(1)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
         return out.squeeze(0).transpose(0, 1)
+
+    @staticmethod
+    def best_rows(logits):
+        # the first of equal maxima; max over a dim found it 2.4x sooner than argmax at 64 rows of SmolLM2's
+        # vocabulary (0.84 vs 2.0 ms on a 2-core Sapphire Rapids)
+        return logits.max(dim=-1).indices
 
     @staticmethod
     def sample_rows(logits, temperature, u):

@@ -39,6 +39,22 @@ AVX2_TOO = ["native", pytest.param("haswell", marks=pytest.mark.skipif(
     reason="the AVX2 build is tested where the native one is AVX-512"))]
 
 
+# The greedy pick against torch's: vocabularies off the vectors' width (a maximum in the tail), ties (the first wins,
+# in one vector and across vectors), masked (-inf) tokens and a row of them only, one value throughout.
+@pytest.mark.parametrize("build", AVX2_TOO)
+def test_best_rows_takes_the_first_maximum_as_torch_does(build):
+    ops = load_cpp_kernels(build)
+    gen = torch.Generator().manual_seed(1)
+    for vocab in (1, 7, 16, 45, 1000, 49152):
+        logits = torch.randn(9, vocab, generator=gen) * 3
+        logits[1, -1] = 100.0  # in the tail
+        logits[2, [vocab // 3, vocab // 2, vocab - 1]] = 50.0  # equal maxima
+        logits[3, torch.randperm(vocab, generator=gen)[:vocab // 2]] = float("-inf")
+        logits[4] = float("-inf")
+        logits[5] = 0.25
+        torch.testing.assert_close(ops.best_rows(logits), TorchKernels.best_rows(logits), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("build", AVX2_TOO)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,n", [(7, 96), (3, 1536), (2, 37)])  # whole vectors, and a scalar tail

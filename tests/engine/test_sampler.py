@@ -60,10 +60,13 @@ def test_the_cpp_draw_takes_the_tokens_the_torch_draw_takes():
         assert agree >= 0.99, agree
 
 
-def test_greedy_rows_take_the_first_maximum_beside_sampled_rows():
+@pytest.mark.parametrize("which", KERNELS)
+def test_greedy_rows_take_the_first_maximum_beside_sampled_rows(which):
     logits = torch.tensor([[0.0, 2.0, 2.0, 1.0]] * 3)
-    tokens, _ = Sampler(seed=0)(logits, seqs(1, temperature=0.0) + seqs(1, temperature=1.0) + seqs(1, temperature=0.0))
+    sampler = Sampler(seed=0, kernels=kernels(which))
+    tokens, _ = sampler(logits, seqs(1, temperature=0.0) + seqs(1, temperature=1.0) + seqs(1, temperature=0.0))
     assert tokens[0] == tokens[2] == 1
+
 
 
 @pytest.mark.parametrize("which", KERNELS)
