@@ -1438,20 +1438,18 @@ torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
 // ahead, as one_row_linear's, the 120 layer linears read 21-22 GB/s at 64 rows, this way 22.5-23 (a plain vector read
 // of the same weights: 33-34), on an Emerald Rapids.
 constexpr int AMX_L2_PREFETCH_BYTES = 16384, AMX_L1_PREFETCH_BYTES = 1024;
+// K-steps s0..s1 (32 inputs each) of one panel into the tiles as they hold; far: the weights the loop reads s1 - s0 steps
+// on (where it goes next), fetched into L2 a step at a time (from 2 tiles of rows; one tile keeps the 4 KiB ahead).
 template <int MT>
-static inline void amx_panel(const bf16* x, int64_t K, const bf16* panel, float* c) {
-  _tile_zero(0);
-  if constexpr (MT > 1) _tile_zero(1);
-  if constexpr (MT > 2) _tile_zero(2);
-  if constexpr (MT > 3) _tile_zero(3);
+static inline void amx_steps(const bf16* x, int64_t K, const bf16* panel, int64_t s0, int64_t s1, const char* far) {
   const int64_t stride = K * 2;
-  for (int64_t kb = 0; kb < K / 32; ++kb) {
+  for (int64_t kb = s0; kb < s1; ++kb) {
     const bf16* b = panel + kb * 512;
     for (int line = 0; line < 16; ++line) {
       if constexpr (MT == 1) {
         _mm_prefetch((const char*)b + ROW_PREFETCH_BYTES + 64 * line, _MM_HINT_T0);
       } else {
-        _mm_prefetch((const char*)b + AMX_L2_PREFETCH_BYTES + 64 * line, _MM_HINT_T1);
+        _mm_prefetch(far + (kb - s0) * 1024 + 64 * line, _MM_HINT_T1);
         _mm_prefetch((const char*)b + AMX_L1_PREFETCH_BYTES + 64 * line, _MM_HINT_T0);
       }
     }
@@ -1473,10 +1471,76 @@ static inline void amx_panel(const bf16* x, int64_t K, const bf16* panel, float*
       _tile_loadd(5, a + 48 * K, stride); _tile_dpbf16ps(3, 5, 6);
     }
   }
+}
+
+// tiles 0..MT-1 (c: [MT][16][16] float32) zeroed, loaded, stored
+template <int MT> static inline void amx_zero() {
+  _tile_zero(0);
+  if constexpr (MT > 1) _tile_zero(1);
+  if constexpr (MT > 2) _tile_zero(2);
+  if constexpr (MT > 3) _tile_zero(3);
+}
+template <int MT> static inline void amx_load(const float* c) {
+  _tile_loadd(0, c, 64);
+  if constexpr (MT > 1) _tile_loadd(1, c + 256, 64);
+  if constexpr (MT > 2) _tile_loadd(2, c + 512, 64);
+  if constexpr (MT > 3) _tile_loadd(3, c + 768, 64);
+}
+template <int MT> static inline void amx_store(float* c) {
   _tile_stored(0, c, 64);
   if constexpr (MT > 1) _tile_stored(1, c + 256, 64);
   if constexpr (MT > 2) _tile_stored(2, c + 512, 64);
   if constexpr (MT > 3) _tile_stored(3, c + 768, 64);
+}
+
+// One panel of 16 outputs for MT tiles of rows into c [MT][16][16]: tiles 0..MT-1 accumulate; 4 and 7 take turns
+// holding a full tile of rows, 5 the last tile of rows (as many rows as are left); 6 the weights.
+template <int MT>
+static inline void amx_panel(const bf16* x, int64_t K, const bf16* panel, float* c) {
+  amx_zero<MT>();
+  amx_steps<MT>(x, K, panel, 0, K / 32, (const char*)panel + AMX_L2_PREFETCH_BYTES);
+  amx_store<MT>(c);
+}
+
+// panel p's 16 outputs of M rows from c [M][16] float32, plus the bias, rounded to bf16
+static inline void amx_put(const float* c, int64_t M, const float* bp, int64_t p, int64_t N, bf16* yp) {
+  const __m512 b = bp ? _mm512_loadu_ps(bp + p * 16) : _mm512_setzero_ps();
+  for (int64_t m = 0; m < M; ++m)
+    _mm256_storeu_si256((__m256i*)(yp + m * N + p * 16), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c + 16 * m), b)));
+}
+
+// 33-64 rows whose inputs do not fit L1 beside the streaming weights (64 rows of 576 bf16 are 72 KiB, L1 48): each
+// panel re-read its rows from L2, and those reads held back the weights' stream from memory (the same products with
+// one tile of rows for all four: 29-30 GB/s; 22.5-24 as they are). Here K runs in 2-3 chunks whose rows fit in 32 KiB,
+// each chunk over a group of AMX_GROUP panels, the tiles' partial sums kept between chunks in a buffer (in L2).
+// On an Emerald Rapids at 64 rows of 576 inputs: 1.06-1.13x the GB/s of amx_panel; at 1,536 inputs (6 chunks) the
+// partial sums' traffic made it slower, so it takes at most 3 chunks (benchmarks/README.md, "K in chunks").
+constexpr int64_t AMX_CHUNK_BYTES = 32768, AMX_MAX_CHUNKS = 3, AMX_GROUP = 16;
+template <int MT>
+static void amx_chunked(const bf16* xp, int64_t M, int64_t K, const bf16* wp, int64_t P, const float* bp, bf16* yp,
+                        int64_t chunks, const TileConfig& cfg) {
+  const int64_t N = P * 16, steps = K / 32, per = (steps + chunks - 1) / chunks;
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    _tile_loadconfig(&cfg);
+    alignas(64) float sums[AMX_GROUP * 1024];  // [panel of the group][64 rows][16]
+    for (int64_t g0 = p0; g0 < p1; g0 += AMX_GROUP) {
+      const int64_t g1 = std::min(p1, g0 + AMX_GROUP);
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        const int64_t s0 = ch * per, s1 = std::min(steps, s0 + per);
+        for (int64_t p = g0; p < g1; ++p) {
+          float* c = sums + (p - g0) * 1024;
+          if (ch == 0) amx_zero<MT>(); else amx_load<MT>(c);
+          int64_t np = p + 1, nch = ch;  // the panel and chunk read next: the far prefetch's
+          if (np == g1) np = g0, ++nch;
+          if (nch == chunks) np = g1, nch = 0;
+          amx_steps<MT>(xp, K, wp + p * 16 * K, s0, s1, (const char*)(wp + np * 16 * K + nch * per * 512));
+          amx_store<MT>(c);
+          if (ch + 1 == chunks) amx_put(c, M, bp, p, N, yp);
+        }
+      }
+    }
+    _tile_release();
+  });
 }
 #endif
 
@@ -1559,6 +1623,12 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
   cfg.rows[4] = cfg.rows[6] = cfg.rows[7] = 16;
   cfg.rows[5] = last;
   for (int t = tiles; t < 4; ++t) cfg.colsb[t] = 0;
+  const int64_t chunks = (M * K * 2 + AMX_CHUNK_BYTES - 1) / AMX_CHUNK_BYTES;
+  if (tiles >= 3 && chunks >= 2 && chunks <= AMX_MAX_CHUNKS) {
+    if (tiles == 3) amx_chunked<3>(xp, M, K, wp, P, bp, yp, chunks, cfg);
+    else amx_chunked<4>(xp, M, K, wp, P, bp, yp, chunks, cfg);
+    return y;
+  }
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
     _tile_loadconfig(&cfg);  // each thread's own tiles
     alignas(64) float c[4 * 256];
@@ -1570,10 +1640,7 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
         case 3: amx_panel<3>(xp, K, panel, c); break;
         default: amx_panel<4>(xp, K, panel, c); break;
       }
-      const __m512 b = bp ? _mm512_loadu_ps(bp + p * 16) : _mm512_setzero_ps();
-      for (int64_t m = 0; m < M; ++m)
-        _mm256_storeu_si256((__m256i*)(yp + m * N + p * 16),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c + 16 * m), b)));
+      amx_put(c, M, bp, p, N, yp);
     }
     _tile_release();
   });
