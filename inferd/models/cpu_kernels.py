@@ -1509,13 +1509,13 @@ static inline void amx_put(const float* c, int64_t M, const float* bp, int64_t p
     _mm256_storeu_si256((__m256i*)(yp + m * N + p * 16), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c + 16 * m), b)));
 }
 
-// 33-64 rows whose inputs do not fit L1 beside the streaming weights (64 rows of 576 bf16 are 72 KiB, L1 48): each
-// panel re-read its rows from L2, and those reads held back the weights' stream from memory (the same products with
-// one tile of rows for all four: 29-30 GB/s; 22.5-24 as they are). Here K runs in 2-3 chunks whose rows fit in 32 KiB,
-// each chunk over a group of AMX_GROUP panels, the tiles' partial sums kept between chunks in a buffer (in L2).
-// On an Emerald Rapids at 64 rows of 576 inputs: 1.06-1.13x the GB/s of amx_panel; at 1,536 inputs (6 chunks) the
-// partial sums' traffic made it slower, so it takes at most 3 chunks (benchmarks/README.md, "K in chunks").
-constexpr int64_t AMX_CHUNK_BYTES = 32768, AMX_MAX_CHUNKS = 3, AMX_GROUP = 16;
+// 33-64 rows larger than L1 (48 KiB; 64 rows of 576 bf16 are 72): each panel re-read its rows from L2, and those
+// reads held back the weights' stream from memory (in a scratch copy on an Emerald Rapids, the same products with one
+// tile of rows for all four streamed at 29-30 GB/s, as they are at 22.5-24). Here K runs in 2-3 chunks whose rows fit
+// in 32 KiB, each chunk over a group of AMX_GROUP panels, the tiles' partial sums kept between chunks in a buffer (in
+// L2). At 1,536 inputs (6 chunks) the partial sums' traffic made it slower, so at most 3 chunks; at 33 rows (38 KiB)
+// it was slower too (benchmarks/README.md, "K in chunks").
+constexpr int64_t AMX_L1_BYTES = 49152, AMX_CHUNK_BYTES = 32768, AMX_MAX_CHUNKS = 3, AMX_GROUP = 16;
 template <int MT>
 static void amx_chunked(const bf16* xp, int64_t M, int64_t K, const bf16* wp, int64_t P, const float* bp, bf16* yp,
                         int64_t chunks, const TileConfig& cfg) {
@@ -1624,7 +1624,7 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
   cfg.rows[5] = last;
   for (int t = tiles; t < 4; ++t) cfg.colsb[t] = 0;
   const int64_t chunks = (M * K * 2 + AMX_CHUNK_BYTES - 1) / AMX_CHUNK_BYTES;
-  if (tiles >= 3 && chunks >= 2 && chunks <= AMX_MAX_CHUNKS) {
+  if (tiles >= 3 && M * K * 2 > AMX_L1_BYTES && chunks <= AMX_MAX_CHUNKS) {
     if (tiles == 3) amx_chunked<3>(xp, M, K, wp, P, bp, yp, chunks, cfg);
     else amx_chunked<4>(xp, M, K, wp, P, bp, yp, chunks, cfg);
     return y;
