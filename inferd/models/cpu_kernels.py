@@ -1432,11 +1432,9 @@ torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
 // Emerald Rapids, this at 9-24: 1.5-2.1x as fast at 2-32 rows, 1.4x at 48, 1.2x at 64
 // (benchmarks/results/amx-linear-emr.md).
 #if defined(__AMX_BF16__)
-// One panel of 16 outputs for MT tiles of rows into c [MT][16][16]: tiles 0..MT-1 accumulate; 4 and 7 take turns
-// holding a full tile of rows, 5 the last tile of rows (as many rows as are left); 6 the weights.
-// The weights stream in two steps: into L2 16 KiB ahead, into L1 1 KiB ahead (one step of K). Prefetched into L1 4 KiB
-// ahead, as one_row_linear's, the 120 layer linears read 21-22 GB/s at 64 rows, this way 22.5-23 (a plain vector read
-// of the same weights: 33-34), on an Emerald Rapids.
+// The weights stream in two steps: into L2 16 KiB ahead, into L1 1 KiB ahead (one step of K). Against 4 KiB ahead into
+// L1, as one_row_linear's, the 120 layer linears took 0.90-0.96x the time at 24-64 rows on an Emerald Rapids, 1.00x
+// at 2-16 (benchmarks/results/amx-linear-prefetch-ab-emr.json), where one tile of rows keeps the 4 KiB.
 constexpr int AMX_L2_PREFETCH_BYTES = 16384, AMX_L1_PREFETCH_BYTES = 1024;
 // K-steps s0..s1 (32 inputs each) of one panel into the tiles as they hold; far: the weights the loop reads s1 - s0 steps
 // on (where it goes next), fetched into L2 a step at a time (from 2 tiles of rows; one tile keeps the 4 KiB ahead).
@@ -1506,7 +1504,8 @@ static inline void amx_panel(const bf16* x, int64_t K, const bf16* panel, float*
 static inline void amx_put(const float* c, int64_t M, const float* bp, int64_t p, int64_t N, bf16* yp) {
   const __m512 b = bp ? _mm512_loadu_ps(bp + p * 16) : _mm512_setzero_ps();
   for (int64_t m = 0; m < M; ++m)
-    _mm256_storeu_si256((__m256i*)(yp + m * N + p * 16), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c + 16 * m), b)));
+    _mm256_storeu_si256((__m256i*)(yp + m * N + p * 16),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c + 16 * m), b)));
 }
 
 // 33-64 rows larger than L1 (48 KiB; 64 rows of 576 bf16 are 72): each panel re-read its rows from L2, and those
