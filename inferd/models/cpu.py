@@ -1,23 +1,38 @@
 """What this CPU can do fast, read once from /proc/cpuinfo: the one place the dtype rules look."""
+import functools
 import os
 import subprocess
-from functools import cache
 
 # the flags the rules below read, and the macro a compiler defines where -march has that instruction set
 ISA_MACROS = {"avx2": "__AVX2__", "fma": "__FMA__", "avx512f": "__AVX512F__", "avx512_bf16": "__AVX512BF16__",
               "avx512_vnni": "__AVX512VNNI__", "amx_bf16": "__AMX_BF16__"}
 
 
-@cache
 def cpu_flags() -> frozenset[str]:
     """This CPU's flags; under INFERD_KERNEL_MARCH (another machine's code run here, kernel_march) those of its
     instruction sets that march lacks are left out, so that every rule picks what that machine would."""
+    return _flags_for(kernel_march())
+
+
+def per_march(load):
+    """A C++ module's loader `load(march="native")`, cached per -march it builds for: "native" is resolved
+    (kernel_march) before the cache, so that a build for INFERD_KERNEL_MARCH is never handed out later as this
+    CPU's own, nor the other way round."""
+    cached = functools.cache(load)
+
+    @functools.wraps(load)
+    def get(march: str = "native"):
+        return cached(kernel_march(march))
+    return get
+
+
+@functools.cache
+def _flags_for(march: str) -> frozenset[str]:
     try:
         text = open("/proc/cpuinfo").read()
     except OSError:
         return frozenset()
     flags = frozenset(word for line in text.splitlines() if line.startswith("flags") for word in line.split())
-    march = kernel_march()
     if march == "native":
         return flags
     try:

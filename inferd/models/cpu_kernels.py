@@ -37,7 +37,6 @@ Built with torch's cpp_extension for this machine's CPU (-march=native: AVX2, AV
 whatever it has; -ffast-math at compile time only, so that exp vectorizes, without the flush-to-zero
 start-up code a fast-math link would add to the process) and cached per CPU.
 """
-import functools
 import logging
 import os
 
@@ -45,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from inferd.models.cpp_build import build
+from inferd.models.cpu import per_march
 
 log = logging.getLogger(__name__)
 
@@ -1739,7 +1739,7 @@ def kernels_for(dtype: torch.dtype, cpp: bool = True):
     return TorchKernels if module is None else module
 
 
-@functools.cache
+@per_march
 def load_cpp_kernels(march: str = "native"):
     """The compiled module, or None where it cannot be built here. `march` other than this CPU's own is for tests:
     "haswell" builds the AVX2 loops on an AVX-512 machine."""

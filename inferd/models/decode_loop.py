@@ -13,13 +13,13 @@ A plan exists only where every linear of every layer has such a kernel at that m
 ops are the C++ ones (cpu_kernels); elsewhere (oneDNN's dense products, int8 linears, torch ops) the Python loop
 runs. lm_head and the final norm stay in Python: one call each.
 """
-import functools
 import logging
 import os
 
 import torch
 
 from inferd.models.cpp_build import build
+from inferd.models.cpu import per_march
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ std::vector<T> run_plan(int64_t id, int64_t first, int64_t last, T h, T residual
 """
 
 
-@functools.cache
+@per_march
 def load_decode_loop(march: str = "native"):
     """The compiled module, or None where it cannot be built here (the Python loop serves)."""
     if os.environ.get("INFERD_NO_CPP_KERNELS"):

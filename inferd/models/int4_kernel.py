@@ -41,13 +41,13 @@ take no dense copy (benchmarks/results/int4-int8-inputs-avx2-code-emr.md, int4-l
 
 Panels are split across the threads.
 """
-import functools
 import logging
 import os
 
 import torch
 
 from inferd.models.cpp_build import build
+from inferd.models.cpu import cpu_flags, per_march
 
 log = logging.getLogger(__name__)
 
@@ -520,13 +520,11 @@ torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor d
 """
 
 
-@functools.cache
+@per_march
 def load_int4_kernel(march: str = "native"):
     """The compiled module where this CPU has AVX2 and FMA and it builds, else None (torch's int4 kernel serves bf16
     rows). Its bf16 rows need AVX-512 BF16 (`int4_linear_bf16_native()`). `march` other than this CPU's own is for
     tests and benchmarks: "haswell" builds the AVX2 loops alone on an AVX-512 machine."""
-    from inferd.models.cpu import cpu_flags
-
     if os.environ.get("INFERD_NO_CPP_KERNELS") or not {"avx2", "fma"} <= cpu_flags():
         return None
     try:

@@ -14,7 +14,6 @@ are summed as integers on vpdpwssd, 1.45x the float loop's speed from the caches
 kernel cannot be built, torch's `_weight_int8pack_mm` on the same int8 values
 serves. Measured against the alternatives in benchmarks/quantization.py.
 """
-import functools
 import logging
 import os
 
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 from inferd.models.cpp_build import build
+from inferd.models.cpu import per_march
 from inferd.models.packed import linear_op
 
 log = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
 """
 
 
-@functools.cache
+@per_march
 def load_int8_kernel(march: str = "native"):
     """The compiled module, or None where it cannot be built here (no compiler, no AVX2). `march` other than this
     CPU's own is for tests and benchmarks: "haswell" builds the AVX2 loops on an AVX-512 machine."""

@@ -10,11 +10,8 @@ from inferd.models import cpu
 def march(monkeypatch):
     def set_march(value: str) -> frozenset[str]:
         monkeypatch.setenv("INFERD_KERNEL_MARCH", value)
-        cpu.cpu_flags.cache_clear()
         return cpu.cpu_flags()
-    yield set_march
-    monkeypatch.delenv("INFERD_KERNEL_MARCH", raising=False)
-    cpu.cpu_flags.cache_clear()
+    return set_march
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to ask what a -march has")
@@ -29,6 +26,19 @@ def test_an_avx2_march_hides_the_avx512_and_amx_flags_from_the_rules(march):
     assert cpu.auto_quantization("auto") == "int4"  # with float32 rows, as on an AVX2 machine
     march("native")  # float32 rows: dense from 193 rows where oneDNN has AVX-512 FMAs, never on AVX2 alone
     assert cpu.int4_max_rows(True, True) == (192 if "avx512f" in native else None)
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler here")
+def test_a_build_for_another_march_is_never_handed_out_as_this_cpus(march):
+    """The loaders cache per -march built (cpu.per_march): a test or benchmark that sets INFERD_KERNEL_MARCH gets that
+    build, and the rest of the process this CPU's own again once it is unset (a cache keyed on "native" kept
+    whichever came first)."""
+    from inferd.models.cpu_kernels import load_cpp_kernels
+    march("haswell")
+    avx2 = load_cpp_kernels()
+    assert avx2 is not None and avx2 is load_cpp_kernels("haswell")
+    march("native")
+    assert load_cpp_kernels() is not avx2
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler here")

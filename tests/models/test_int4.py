@@ -253,14 +253,9 @@ def test_a_float32_layer_takes_the_kernel_at_every_row_count_int8_inputs_from_4_
     too: inferd.models.cpu.int4_max_rows is None there), and no dense copy of the weights kept."""
     from inferd.models import cpu
     monkeypatch.setenv("INFERD_KERNEL_MARCH", "haswell")
-    cpu.cpu_flags.cache_clear()
-    try:
-        assert cpu.int4_int8_rows(True) == 4 and cpu.int4_max_rows(True, True) is None
-        kernel = load_int4_kernel("haswell")
-        layer = Int4Linear(nn.Linear(64, 40), max_rows=cpu.int4_max_rows(True, True), kernel=kernel,
-                           dtype=torch.float32)
-    finally:
-        cpu.cpu_flags.cache_clear()
+    assert cpu.int4_int8_rows(True) == 4 and cpu.int4_max_rows(True, True) is None
+    kernel = load_int4_kernel("haswell")
+    layer = Int4Linear(nn.Linear(64, 40), max_rows=cpu.int4_max_rows(True, True), kernel=kernel, dtype=torch.float32)
     assert layer.dense is None and layer.int8_rows == 4
     op, args = layer.op(torch.float32), (layer.nibbles, layer.dm, layer.row_bias, 40)
     for rows, path in [(1, kernel.int4_linear), (3, kernel.int4_linear), (4, kernel.int4_linear_int8),
@@ -383,15 +378,10 @@ def test_auto_picks_by_cpu_and_dtype():
 
 @pytest.mark.skipif(not takes_rows(torch.float32, "haswell"), reason="no C++ toolchain or no AVX2 here")
 def test_float32_int4_engine_on_avx2_says_its_kernel_serves_every_row_count(caplog, monkeypatch):
-    from inferd.models import cpu
-    monkeypatch.setenv("INFERD_KERNEL_MARCH", "haswell")  # the rules as on an AVX2 machine
-    cpu.cpu_flags.cache_clear()
+    monkeypatch.setenv("INFERD_KERNEL_MARCH", "haswell")  # the rules and kernels as on an AVX2 machine
     caplog.set_level(logging.INFO, logger="inferd.models.int4")
-    try:
-        e = LLMEngine(tiny_loaded_model(), EngineConfig(num_kv_blocks=64, block_size=4, dtype="float32",
-                                                        quantization="int4"))
-    finally:
-        cpu.cpu_flags.cache_clear()
+    e = LLMEngine(tiny_loaded_model(), EngineConfig(num_kv_blocks=64, block_size=4, dtype="float32",
+                                                    quantization="int4"))
     layers = [m for m in e.model.modules() if isinstance(m, Int4Linear)]
     assert layers and all(layer.max_rows is None and layer.dense is None for layer in layers)
     assert "the int4 kernel at every row count" in caplog.text
