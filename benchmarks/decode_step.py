@@ -53,7 +53,7 @@ def by_op(net, forward, calls: int = 100) -> dict[str, float]:
 
     kernels, (layers, head) = net.kernels, net._planned()
     for ops in layers:
-        for name in ("qkv", "o", "gate_up", "down"):
+        for name in ("qkv", "o", "gated", "down"):  # gated: gate_up and its silu (fused, or silu_mul after it)
             setattr(ops, name, wrap(name, getattr(ops, name)))
     net.kernels = type("Timed", (), {n: staticmethod(wrap(n, getattr(kernels, n))) for n in SMALL_OPS})
     net._plan, net._loop = (layers, wrap("lm_head", head)), lambda meta, rows: None

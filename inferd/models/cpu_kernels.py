@@ -1424,40 +1424,66 @@ bool one_row_linear_native() {
 #endif
 }
 
-torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+#if defined(__AVX512BF16__)
+// silu(g) u of 16 outputs from the projection's float32 sums (biases added), g and u first rounded to bf16 as the
+// projection's output: the same bits as silu_mul on that output (the fused projection's gated kernels, below)
+static inline __m512 silu16(__m512 g, __m512 u) {
+  g = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(g)), u = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(u));
+  const __m512 e = vexp(vsub(vset(0.f), vmax(g, vsub(vset(0.f), g)))), s = vrecip(vadd(vset(1.f), e));
+  return vmul(vmul(g, vneg_where(g, s, vmul(e, s))), u);
+}
+#endif
+
+// the checks of a linear on weights in pairs (one_row_linear's, amx_linear's); gated: the fused [gate; up] projection,
+// its two halves whole panels. Returns the panels of output (units): P, or P / 2 gated.
+static int64_t check_pairs(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool gated) {
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 2 && w.scalar_type() == torch::kBFloat16
+              && w.is_contiguous() && w.size(1) * 2 == x.size(1), "w must be [N / 16, K / 2, 16, 2] bfloat16");
+  const int64_t P = w.size(0);
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == P * 16 && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
+              "bias must be empty or [N] float32");
+  TORCH_CHECK(!gated || P % 2 == 0, "a gated projection's halves must be whole panels of 16 outputs");
+  return gated ? P / 2 : P;
+}
+
+// A single bf16 row; gated: silu(gate) up of a fused [gate; up] projection (y [1, N / 2]), the up half's panel u
+// U panels after the gate's.
+static torch::Tensor one_row(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool gated) {
   TORCH_CHECK(one_row_linear_native(), "one_row_linear needs a build with AVX-512 BF16");
   TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
               "x must be one contiguous bfloat16 row");
-  TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 2 && w.scalar_type() == torch::kBFloat16
-              && w.is_contiguous() && w.size(1) * 2 == x.size(1), "w must be [N / 16, K / 2, 16, 2] bfloat16");
-  const int64_t K = x.size(1), P = w.size(0), N = P * 16;
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
-              "bias must be empty or [N] float32");
-  auto y = torch::empty({1, N}, x.options());
+  const int64_t U = check_pairs(x, w, bias, gated), K = x.size(1);
+  auto y = torch::empty({1, U * 16}, x.options());
+#if defined(__AVX512BF16__)
   const bf16* xp = ptr<bf16>(x);
   const bf16* wp = ptr<bf16>(w);
   const float* bp = bias.numel() ? ptr<float>(bias) : nullptr;
   bf16* yp = ptr<bf16>(y);
-#if defined(__AVX512BF16__)
-  at::parallel_for(0, P, 4, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const bf16* panel = wp + p * 16 * K;
-      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-      int64_t k2 = 0;
-      for (; k2 + 4 <= K / 2; k2 += 4) {
-        _mm_prefetch((const char*)(panel + k2 * 32) + ROW_PREFETCH_BYTES, _MM_HINT_T0);
-        for (int c = 0; c < 4; ++c)
-          a[c] = dot2(a[c], pair(xp + 2 * (k2 + c)), _mm512_loadu_si512(panel + (k2 + c) * 32));
-      }
-      for (; k2 < K / 2; ++k2) a[0] = dot2(a[0], pair(xp + 2 * k2), _mm512_loadu_si512(panel + k2 * 32));
-      __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-      if (bp) sum = _mm512_add_ps(sum, _mm512_loadu_ps(bp + p * 16));
-      _mm256_storeu_si256((__m256i*)(yp + p * 16), (__m256i)_mm512_cvtneps_pbh(sum));
+  auto panel_sums = [&](int64_t p) {  // panel p's 16 outputs, float32, its bias added
+    const bf16* panel = wp + p * 16 * K;
+    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t k2 = 0;
+    for (; k2 + 4 <= K / 2; k2 += 4) {
+      _mm_prefetch((const char*)(panel + k2 * 32) + ROW_PREFETCH_BYTES, _MM_HINT_T0);
+      for (int c = 0; c < 4; ++c)
+        a[c] = dot2(a[c], pair(xp + 2 * (k2 + c)), _mm512_loadu_si512(panel + (k2 + c) * 32));
+    }
+    for (; k2 < K / 2; ++k2) a[0] = dot2(a[0], pair(xp + 2 * k2), _mm512_loadu_si512(panel + k2 * 32));
+    __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+    return bp ? _mm512_add_ps(sum, _mm512_loadu_ps(bp + p * 16)) : sum;
+  };
+  at::parallel_for(0, U, gated ? 2 : 4, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const __m512 sum = gated ? silu16(panel_sums(u), panel_sums(u + U)) : panel_sums(u);
+      _mm256_storeu_si256((__m256i*)(yp + u * 16), (__m256i)_mm512_cvtneps_pbh(sum));
     }
   });
 #endif
   return y;
 }
+
+torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return one_row(x, w, bias, false); }
+torch::Tensor one_row_gated(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return one_row(x, w, bias, true); }
 
 // A few rows (2-64: a decode step's) through a bf16 linear on AMX tiles, from the same weights in pairs along K as
 // one_row_linear: a panel of 16 outputs over 32 inputs, [16 pairs][16][2], is one B tile as the tiles' bf16
@@ -1535,12 +1561,17 @@ static inline void amx_panel(const bf16* x, int64_t K, const bf16* panel, float*
   amx_store<MT>(c);
 }
 
-// panel p's 16 outputs of M rows from c [M][16] float32, plus the bias, rounded to bf16
-static inline void amx_put(const float* c, int64_t M, const float* bp, int64_t p, int64_t N, bf16* yp) {
-  const __m512 b = bp ? _mm512_loadu_ps(bp + p * 16) : _mm512_setzero_ps();
-  for (int64_t m = 0; m < M; ++m)
-    _mm256_storeu_si256((__m256i*)(yp + m * N + p * 16),
-                        (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c + 16 * m), b)));
+// The output's panel u (16 outputs of y's N) of M rows, rounded to bf16: panel u's sums (c [M][16] float32) plus its
+// bias; gated (up: the up half's sums, panel u + U), silu(gate) up of the two.
+static inline void amx_put(const float* c, const float* up, int64_t M, const float* bp, int64_t u, int64_t U, int64_t N,
+                           bf16* yp) {
+  const __m512 b = bp ? _mm512_loadu_ps(bp + u * 16) : _mm512_setzero_ps();
+  const __m512 bu = bp && up ? _mm512_loadu_ps(bp + (u + U) * 16) : _mm512_setzero_ps();
+  for (int64_t m = 0; m < M; ++m) {
+    __m512 v = _mm512_add_ps(_mm512_load_ps(c + 16 * m), b);
+    if (up) v = silu16(v, _mm512_add_ps(_mm512_load_ps(up + 16 * m), bu));
+    _mm256_storeu_si256((__m256i*)(yp + m * N + u * 16), (__m256i)_mm512_cvtneps_pbh(v));
+  }
 }
 
 // 33-64 rows larger than L1 (48 KiB; 64 rows of 576 bf16 are 72): each panel re-read its rows from L2, and those
@@ -1550,26 +1581,30 @@ static inline void amx_put(const float* c, int64_t M, const float* bp, int64_t p
 // L2). At 1,536 inputs (6 chunks) the partial sums' traffic made it slower, so at most 3 chunks; at 33 rows (38 KiB)
 // it was slower too (benchmarks/README.md, "K in chunks").
 constexpr int64_t AMX_L1_BYTES = 49152, AMX_CHUNK_BYTES = 32768, AMX_MAX_CHUNKS = 3, AMX_GROUP = 16;
+// Gated (U output panels of 2 U), a group is AMX_GROUP / 2 output panels' gate panels, then their up panels.
 template <int MT>
-static void amx_chunked(const bf16* xp, int64_t M, int64_t K, const bf16* wp, int64_t P, const float* bp, bf16* yp,
-                        int64_t chunks, const TileConfig& cfg) {
-  const int64_t N = P * 16, steps = K / 32, per = (steps + chunks - 1) / chunks;
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+static void amx_chunked(const bf16* xp, int64_t M, int64_t K, const bf16* wp, int64_t U, bool gated, const float* bp,
+                        bf16* yp, int64_t chunks, const TileConfig& cfg) {
+  const int64_t N = U * 16, steps = K / 32, per = (steps + chunks - 1) / chunks, group = gated ? AMX_GROUP / 2 : AMX_GROUP;
+  at::parallel_for(0, U, 1, [&](int64_t u0, int64_t u1) {
     _tile_loadconfig(&cfg);
     alignas(64) float sums[AMX_GROUP * 1024];  // [panel of the group][64 rows][16]
-    for (int64_t g0 = p0; g0 < p1; g0 += AMX_GROUP) {
-      const int64_t g1 = std::min(p1, g0 + AMX_GROUP);
+    for (int64_t g0 = u0; g0 < u1; g0 += group) {
+      const int64_t n = std::min(u1, g0 + group) - g0, panels = gated ? 2 * n : n;
+      auto panel = [&](int64_t i) { return i < n ? g0 + i : g0 + i - n + U; };  // the group's i-th
       for (int64_t ch = 0; ch < chunks; ++ch) {
         const int64_t s0 = ch * per, s1 = std::min(steps, s0 + per);
-        for (int64_t p = g0; p < g1; ++p) {
-          float* c = sums + (p - g0) * 1024;
+        for (int64_t i = 0; i < panels; ++i) {
+          float* c = sums + i * 1024;
           if (ch == 0) amx_zero<MT>(); else amx_load<MT>(c);
-          int64_t np = p + 1, nch = ch;  // the panel and chunk read next: the far prefetch's
-          if (np == g1) np = g0, ++nch;
-          if (nch == chunks) np = g1, nch = 0;
-          amx_steps<MT>(xp, K, wp + p * 16 * K, s0, s1, (const char*)(wp + np * 16 * K + nch * per * 512));
+          int64_t np = i + 1 < panels ? panel(i + 1) : g0, nch = i + 1 < panels ? ch : ch + 1;  // read next (far prefetch)
+          if (nch == chunks) np = g0 + n, nch = 0;
+          amx_steps<MT>(xp, K, wp + panel(i) * 16 * K, s0, s1, (const char*)(wp + np * 16 * K + nch * per * 512));
           amx_store<MT>(c);
-          if (ch + 1 == chunks) amx_put(c, M, bp, p, N, yp);
+          if (ch + 1 == chunks && (!gated || i >= n)) {
+            if (gated) amx_put(sums + (i - n) * 1024, c, M, bp, g0 + i - n, U, N, yp);
+            else amx_put(c, nullptr, M, bp, g0 + i, U, N, yp);
+          }
         }
       }
     }
@@ -1631,25 +1666,23 @@ static void amx_many_rows(const bf16* xp, int64_t M, int64_t K, const bf16* wp, 
 }
 #endif
 
-torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+// gated: silu(gate) up of a fused [gate; up] projection, y [M, N / 2] (as one_row's)
+static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool gated) {
   TORCH_CHECK(amx_linear_native(), "amx_linear needs a build with AMX bf16, on a kernel that lets it use the tiles");
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous()
               && x.size(1) % 32 == 0, "x must be contiguous bfloat16 rows of a multiple of 32 inputs");
-  TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 2 && w.scalar_type() == torch::kBFloat16
-              && w.is_contiguous() && w.size(1) * 2 == x.size(1), "w must be [N / 16, K / 2, 16, 2] bfloat16");
-  const int64_t M = x.size(0), K = x.size(1), P = w.size(0), N = P * 16;
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
-              "bias must be empty or [N] float32");
-  auto y = torch::empty({M, N}, x.options());
+  const int64_t U = check_pairs(x, w, bias, gated), M = x.size(0), K = x.size(1), P = w.size(0), N = U * 16;
 #if defined(__AMX_BF16__)
   const bf16* xp = ptr<bf16>(x);
   const bf16* wp = ptr<bf16>(w);
   const float* bp = bias.numel() ? ptr<float>(bias) : nullptr;
-  bf16* yp = ptr<bf16>(y);
   if (M > AMX_MAX_ROWS) {
-    amx_many_rows(xp, M, K, wp, P, bp, yp);
-    return y;
+    auto y = torch::empty({M, P * 16}, x.options());
+    amx_many_rows(xp, M, K, wp, P, bp, ptr<bf16>(y));
+    return gated ? silu_mul(y) : y;
   }
+  auto y = torch::empty({M, N}, x.options());
+  bf16* yp = ptr<bf16>(y);
   const int tiles = (int)((M + 15) / 16), last = (int)(M - 16 * (tiles - 1));
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
@@ -1659,31 +1692,39 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
   for (int t = tiles; t < 4; ++t) cfg.colsb[t] = 0;
   const int64_t chunks = (M * K * 2 + AMX_CHUNK_BYTES - 1) / AMX_CHUNK_BYTES;
   if (tiles >= 3 && M * K * 2 > AMX_L1_BYTES && chunks <= AMX_MAX_CHUNKS) {
-    if (tiles == 3) amx_chunked<3>(xp, M, K, wp, P, bp, yp, chunks, cfg);
-    else amx_chunked<4>(xp, M, K, wp, P, bp, yp, chunks, cfg);
+    if (tiles == 3) amx_chunked<3>(xp, M, K, wp, U, gated, bp, yp, chunks, cfg);
+    else amx_chunked<4>(xp, M, K, wp, U, gated, bp, yp, chunks, cfg);
     return y;
   }
-  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+  at::parallel_for(0, U, 1, [&](int64_t u0, int64_t u1) {
     _tile_loadconfig(&cfg);  // each thread's own tiles
-    alignas(64) float c[4 * 256];
-    for (int64_t p = p0; p < p1; ++p) {
-      const bf16* panel = wp + p * 16 * K;
-      switch (tiles) {
-        case 1: amx_panel<1>(xp, K, panel, c); break;
-        case 2: amx_panel<2>(xp, K, panel, c); break;
-        case 3: amx_panel<3>(xp, K, panel, c); break;
-        default: amx_panel<4>(xp, K, panel, c); break;
+    alignas(64) float c[2][4 * 256];
+    for (int64_t u = u0; u < u1; ++u) {
+      for (int h = 0; h < 1 + gated; ++h) {  // the gate's panel, then the up's
+        const bf16* panel = wp + (u + h * U) * 16 * K;
+        switch (tiles) {
+          case 1: amx_panel<1>(xp, K, panel, c[h]); break;
+          case 2: amx_panel<2>(xp, K, panel, c[h]); break;
+          case 3: amx_panel<3>(xp, K, panel, c[h]); break;
+          default: amx_panel<4>(xp, K, panel, c[h]); break;
+        }
       }
-      amx_put(c, M, bp, p, N, yp);
+      amx_put(c[0], gated ? c[1] : nullptr, M, bp, u, U, N, yp);
     }
     _tile_release();
   });
-#endif
   return y;
+#else
+  return torch::empty({M, N}, x.options());
+#endif
 }
+
+torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return amx_rows(x, w, bias, false); }
+torch::Tensor amx_gated(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return amx_rows(x, w, bias, true); }
 """
 FUNCTIONS = ["rms_norm", "add_rms_norm", "silu_mul", "rope_cache", "paged_decode", "prefill_attention",
-             "sample_rows", "best_rows", "one_row_linear_native", "one_row_linear", "amx_linear_native", "amx_linear"]
+             "sample_rows", "best_rows", "one_row_linear_native", "one_row_linear", "one_row_gated", "amx_linear_native",
+             "amx_linear", "amx_gated"]
 DTYPES = (torch.float32, torch.bfloat16)  # what the C++ ops take
 
 

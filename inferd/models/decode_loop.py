@@ -23,7 +23,10 @@ from inferd.models.cpu import per_march
 
 log = logging.getLogger(__name__)
 
-INT4_CALL, ONE_ROW_CALL = 0, 1  # a linear's kind in a plan: (x, w, dm, bias, N) or (x, pairs, bias), N padded
+# a linear's kind in a plan: (x, w, dm, bias, N) or (x, pairs, bias), N padded; GATED: called as ONE_ROW, it returns
+# silu(gate) * up of the fused [gate; up] projection (PackedLinear.gated_op), so the loop takes no silu_mul after it
+INT4_CALL, ONE_ROW_CALL, GATED_CALL = 0, 1, 2
+GATE_UP = 2  # the index of the fused [gate; up] projection in a layer's linears
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -42,7 +45,7 @@ using DecodeFn = T (*)(T, T, T, T, T, int64_t, double);
 using Int4Fn = T (*)(T, T, T, T, int64_t);  // int4_linear, int4_linear_int8: (x, nibbles, dm, bias, N)
 using RowFn = T (*)(T, T, T);                // one_row_linear: (x, pairs, bias), N padded to 16
 
-enum Kind : int64_t { INT4 = 0, ONE_ROW = 1 };
+enum Kind : int64_t { INT4 = 0, ONE_ROW = 1, GATED = 2 };
 
 struct Linear {
   int64_t kind, fn, n;
@@ -85,7 +88,7 @@ int64_t make_plan(std::vector<T> tensors, std::vector<int64_t> ints, std::vector
     const T* t = &tensors[14 * l];
     const int64_t* k = &ints[9 + 12 * l];
     auto lin = [&](int i) {
-      TORCH_CHECK(k[3 * i] == INT4 || k[3 * i] == ONE_ROW, "make_plan: unknown linear kind");
+      TORCH_CHECK(k[3 * i] == INT4 || k[3 * i] == ONE_ROW || k[3 * i] == GATED, "make_plan: unknown linear kind");
       return Linear{k[3 * i], k[3 * i + 1], k[3 * i + 2], t[2 + 3 * i], t[3 + 3 * i], t[4 + 3 * i]};
     };
     p->layers.push_back(Layer{t[0], t[1], lin(0), lin(1), lin(2), lin(3)});
@@ -126,7 +129,8 @@ std::vector<T> run_plan(int64_t id, int64_t first, int64_t last, T h, T residual
     T q = p->rope(L.qkv(x), cos, sin, positions, k_cache, v_cache, slots, p->heads, p->kv_heads);
     T out = p->decode(q, k_cache, v_cache, blocks, lens, block_size, p->scale);
     x = p->add_norm(L.o(out.view({-1, p->q_size})), residual, L.norm_post, p->eps);
-    h = L.down(p->silu(L.gate_up(x)));
+    T g = L.gate_up(x);
+    h = L.down(L.gate_up.kind == GATED ? g : p->silu(g));
   }
   return {h, residual};
 }
@@ -177,8 +181,10 @@ def layer_plan(layers, kernels, rows: int, dtype: torch.dtype) -> LayerPlan | No
                          small["paged_decode"]]
     for ops in layers:
         tensors += [ops.norm_in, ops.norm_post]
-        for linear in ops.linears:
-            call = linear.kernel_call(rows, dtype) if hasattr(linear, "kernel_call") else None
+        for i, linear in enumerate(ops.linears):
+            call = linear.kernel_call(rows, dtype, gated=True) if i == GATE_UP and hasattr(linear, "gated_op") else None
+            if call is None and hasattr(linear, "kernel_call"):
+                call = linear.kernel_call(rows, dtype)
             if call is None:
                 return None
             kind, fn, weights, n = call

@@ -17,7 +17,7 @@ from torch.profiler import record_function
 from inferd.models.config import ModelConfig
 from inferd.models.cpu_kernels import TorchKernels
 from inferd.models.decode_loop import LayerPlan, layer_plan
-from inferd.models.packed import linear_op
+from inferd.models.packed import gated_op, linear_op
 
 
 class StepInterrupted(Exception):
@@ -139,7 +139,7 @@ class LayerOps:
     eps: float
     qkv: Callable[[torch.Tensor], torch.Tensor]
     o: Callable[[torch.Tensor], torch.Tensor]
-    gate_up: Callable[[torch.Tensor], torch.Tensor]
+    gated: Callable[[torch.Tensor], torch.Tensor]  # silu(gate) * up of the fused gate_up projection
     down: Callable[[torch.Tensor], torch.Tensor]
     heads: int
     kv_heads: int
@@ -148,10 +148,10 @@ class LayerOps:
     linears: tuple[nn.Module, ...]  # qkv, o, gate_up, down: what a C++ plan of the layer asks (decode_loop.py)
 
     @classmethod
-    def of(cls, layer: DecoderLayer, dtype: torch.dtype) -> "LayerOps":
+    def of(cls, layer: DecoderLayer, dtype: torch.dtype, silu: Callable[[torch.Tensor], torch.Tensor]) -> "LayerOps":
         a, m = layer.self_attn, layer.mlp
         return cls(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.input_layernorm.eps,
-                   linear_op(a.qkv_proj, dtype), linear_op(a.o_proj, dtype), linear_op(m.gate_up_proj, dtype),
+                   linear_op(a.qkv_proj, dtype), linear_op(a.o_proj, dtype), gated_op(m.gate_up_proj, dtype, silu),
                    linear_op(m.down_proj, dtype), a.num_heads, a.num_kv_heads, a.q_size, a.scale,
                    (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj))
 
@@ -168,7 +168,7 @@ def decoder_layer(ops: LayerOps, kernels, h, residual, rope, meta: AttentionMeta
                            ops.kv_heads)  # [T, H, hd]; K/V now in the cache
     out = attention(kernels, q, meta, k_cache, v_cache, ops.scale, profiling)
     x = kernels.add_rms_norm(ops.o(out.view(-1, ops.q_size)), residual, ops.norm_post, ops.eps)
-    return ops.down(kernels.silu_mul(ops.gate_up(x))), residual
+    return ops.down(ops.gated(x)), residual
 
 
 def attention(kernels, q, meta: AttentionMetadata, k_cache, v_cache, scale: float, profiling: bool):
@@ -226,7 +226,8 @@ class LlamaForCausalLM(nn.Module):
     def _planned(self) -> tuple[list[LayerOps], Callable[[torch.Tensor], torch.Tensor]]:
         if self._plan is None:
             dtype = self.embed_tokens.weight.dtype  # the activations'
-            self._plan = [LayerOps.of(layer, dtype) for layer in self.layers], linear_op(self.lm_head, dtype)
+            silu = self.kernels.silu_mul
+            self._plan = [LayerOps.of(layer, dtype, silu) for layer in self.layers], linear_op(self.lm_head, dtype)
         return self._plan
 
     def replan(self) -> None:

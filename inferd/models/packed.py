@@ -9,7 +9,7 @@ import logging
 import torch
 from torch import nn
 
-from inferd.models.decode_loop import ONE_ROW_CALL
+from inferd.models.decode_loop import GATED_CALL, ONE_ROW_CALL
 
 log = logging.getLogger(__name__)
 
@@ -42,27 +42,33 @@ class PackedLinear(nn.Module):
                 self.row_bias[:self.out_features] = linear.bias.detach()
         self.amx = one_row is not None and self.in_features % 32 == 0 and one_row.amx_linear_native()
 
-    def _row_kernel(self, rows: int, dtype: torch.dtype) -> str | None:
-        """The C++ op (by name) that serves `rows` rows of `dtype` from the pairs, or None: oneDNN."""
+    def _row_kernel(self, rows: int, dtype: torch.dtype, gated: bool = False) -> str | None:
+        """The C++ op (by name) that serves `rows` rows of `dtype` from the pairs, or None: oneDNN. gated: the op that
+        also takes silu(gate) * up of this fused [gate; up] projection (both halves whole panels of 16 outputs), up to
+        AMX_MAX_ROWS rows (a prefill's go through oneDNN and silu_mul)."""
         if self.one_row is None or dtype is not torch.bfloat16 or rows < 1:
             return None
+        if gated and (self.out_features % 32 or rows > AMX_MAX_ROWS):
+            return None
         if rows == 1:
-            return "one_row_linear"
+            return "one_row_gated" if gated else "one_row_linear"
         if rows > AMX_MAX_ROWS and self.out_features > AMX_MANY_ROWS_MAX_OUT:
             return None
-        return "amx_linear" if self.amx else None
+        return ("amx_gated" if gated else "amx_linear") if self.amx else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x.dtype)(x.reshape(-1, self.in_features).contiguous())
         return y.view(*x.shape[:-1], self.out_features)
 
-    def kernel_call(self, rows: int, dtype: torch.dtype):
+    def kernel_call(self, rows: int, dtype: torch.dtype, gated: bool = False):
         """What the C++ decode loop (decode_loop.py) calls for `rows` rows of `dtype`: the C++ op on the pairs where
-        one serves that many (kind, its address, its weights, N), else None (oneDNN serves)."""
-        name = self._row_kernel(rows, dtype)
+        one serves that many (kind, its address, its weights, N), else None (oneDNN serves). gated: the op that also
+        takes silu(gate) * up (N then half the outputs), None where there is none."""
+        name = self._row_kernel(rows, dtype, gated)
         if name is None:
             return None
-        return ONE_ROW_CALL, self.one_row.addresses()[name], [self.pairs, EMPTY, self.row_bias], self.out_features
+        kind, n = (GATED_CALL, self.out_features // 2) if gated else (ONE_ROW_CALL, self.out_features)
+        return kind, self.one_row.addresses()[name], [self.pairs, EMPTY, self.row_bias], n
 
     def op(self, dtype: torch.dtype):
         """This linear as one function of a 2-D contiguous input, its weights bound once (the decoder's calls)."""
@@ -82,11 +88,36 @@ class PackedLinear(nn.Module):
         return run
 
 
+    def gated_op(self, dtype: torch.dtype, silu):
+        """silu(gate) * up of this fused [gate; up] projection as one function of a 2-D contiguous input: the C++ op
+        that does both where one serves that many rows (the activation computed as the projection's outputs are
+        stored, no pass of its own), else op(dtype) then `silu` (kernels' silu_mul)."""
+        linear = self.op(dtype)
+        names = [self._row_kernel(rows, dtype, gated=True) for rows in range(AMX_MAX_ROWS + 2)]
+        by_rows = [None if name is None else getattr(self.one_row, name) for name in names]  # [-1]: any more rows
+        pairs, row_bias = self.pairs if self.one_row is not None else None, getattr(self, "row_bias", None)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            kernel = by_rows[min(x.shape[0], AMX_MAX_ROWS + 1)]
+            return silu(linear(x)) if kernel is None else kernel(x, pairs, row_bias)
+        return run
+
+
 def linear_op(module: nn.Module, dtype: torch.dtype):
     """What a linear runs a 2-D contiguous input of `dtype` with: its own op(dtype) where it has one (prepacked,
     int4, int8: their kernel and weights bound once), else the module itself."""
     op = getattr(module, "op", None)
     return module if op is None else op(dtype)
+
+
+def gated_op(module: nn.Module, dtype: torch.dtype, silu):
+    """silu(gate) * up of a fused [gate; up] projection (an MLP's gate_up_proj) as one function of a 2-D contiguous
+    input: the module's gated_op where it has one, else its linear_op then `silu`."""
+    op = getattr(module, "gated_op", None)
+    if op is not None:
+        return op(dtype, silu)
+    linear = linear_op(module, dtype)
+    return lambda x: silu(linear(x))
 
 
 def pair_weights(w: torch.Tensor) -> torch.Tensor:

@@ -314,6 +314,37 @@ def test_amx_rows_need_k_a_multiple_of_32():
     assert_rows_match_torch(linear, layer, (4,))  # oneDNN serves its rows above one
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("out_features,in_features", [(3072, 576), (64, 64), (96, 608), (32, 1536)])
+def test_a_gated_projection_is_its_linear_then_silu_mul_bit_for_bit(out_features, in_features, bias):
+    if not cpp.one_row_linear_native():
+        pytest.skip("no AVX-512 BF16 here: the one-row loop is not used")
+    linear, layer = row_layer(out_features, in_features, bias)
+    gated, plain = layer.gated_op(torch.bfloat16, cpp.silu_mul), layer.op(torch.bfloat16)
+    g = torch.Generator().manual_seed(out_features)
+    counts = (1, 2, 3, 15, 16, 17, 33, 47, 48, 49, 63, 64, 65, 100, 129) if cpp.amx_linear_native() else (1, 2, 65)
+    for rows in counts:  # every count of tiles, K in chunks or not, groups of units whole and short; oneDNN above 64
+        x = randn(rows, in_features, dtype=torch.bfloat16, g=g)
+        assert torch.equal(gated(x), cpp.silu_mul(plain(x))), rows
+    assert layer.kernel_call(1, torch.bfloat16, gated=True)[3] == out_features // 2
+    assert layer.kernel_call(65, torch.bfloat16, gated=True) is None  # a prefill's: oneDNN, then silu_mul
+    if cpp.amx_linear_native():  # the kernel itself takes a prefill's rows too
+        x = randn(100, in_features, dtype=torch.bfloat16, g=g)
+        assert torch.equal(cpp.amx_gated(x, layer.pairs, layer.row_bias),
+                           cpp.silu_mul(cpp.amx_linear(x, layer.pairs, layer.row_bias)))
+
+
+def test_a_projection_whose_halves_are_not_whole_panels_is_not_gated_in_one_op():
+    if not cpp.one_row_linear_native():
+        pytest.skip("no AVX-512 BF16 here: the one-row loop is not used")
+    linear, layer = row_layer(48, 64, False)  # halves of 24 outputs
+    assert layer.kernel_call(1, torch.bfloat16, gated=True) is None and layer.kernel_call(1, torch.bfloat16)
+    x = randn(1, 64, dtype=torch.bfloat16, g=torch.Generator().manual_seed(0))
+    assert torch.equal(layer.gated_op(torch.bfloat16, cpp.silu_mul)(x), cpp.silu_mul(layer(x)))
+    with pytest.raises(RuntimeError, match="halves must be whole panels"):
+        cpp.one_row_gated(x, layer.pairs[:3].contiguous(), torch.empty(0))
+
+
 def test_one_row_weights_only_for_bf16_on_the_cpp_ops():
     assert one_row_ops(TorchKernels, torch.bfloat16) is None
     assert one_row_ops(cpp, torch.float32) is None
