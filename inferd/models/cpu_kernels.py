@@ -9,7 +9,8 @@ weight reads. Here each of these is one call:
 - `rope_cache(qkv, cos, sin, positions, k_cache, v_cache, slots, heads, kv_heads)`: RoPE on q and k
   (pairs side by side, see inferd.models.llama.interleave_halves), k and v written to their cache slots,
   the rotated q returned as [T, heads, head_dim];
-- `silu_mul(gate_up)`: silu(gate) * up of the fused [T, 2I] projection;
+- `silu_mul(gate_up)`: silu(gate) * up of the fused [T, 2I] projection (bf16 rows on the pairs' kernels take it in
+  the projection's own op: `amx_gated`, `one_row_gated`, the same bits);
 - `paged_decode(q, k_cache, v_cache, block_tables, context_lens, block_size, scale)`: decode attention
   read straight from the cache blocks, one (sequence, KV head) per task, all query heads of its group
   together, K and V read once (the torch path gathers a padded copy of every context, then runs SDPA).
@@ -21,7 +22,8 @@ weight reads. Here each of these is one call:
   widened, a task a whole sequence (its blocks read as one): in the engine 0.85-0.89x the attention's time at
   8-64 streams of 512 positions (benchmarks/README.md, "Decode attention on bf16 dot products"). Elsewhere on AVX-512 (AMX
   CPUs), bf16 at head_dim 32, 64, 128 is widened without a shuffle and its scores summed 8 keys at a time
-  (attend_split): 0.92x the attention's time in a 64-stream decode step on an Emerald Rapids.
+  (attend_split): 0.92x the attention's time in a 64-stream decode step on an Emerald Rapids. In every loop a task's PV
+  fetches the thread's next task's keys into L2 (Ahead): 1.11-1.16x with the cache in memory.
 - `prefill_attention(q, k_cache, v_cache, blocks, ctx, block_size, scale)`: causal attention of a prompt chunk over
   its context, read from the cache blocks, as a flash attention on AVX-512: in bf16 on its bf16 dot products
   (vdpbf16ps, where the CPU has AVX-512 BF16), 2.4-3.7x the gather + SDPA path at SmolLM2's shapes; in fp32 on
@@ -1446,19 +1448,28 @@ static int64_t check_pairs(const torch::Tensor& x, const torch::Tensor& w, const
   return gated ? P / 2 : P;
 }
 
+#if defined(__AVX512BF16__)
+// 16 outputs at y + i: float32 (f32: a model's logits, which its sampler takes in float32) or rounded to bf16
+static inline void put16(void* y, int64_t i, __m512 v, bool f32) {
+  if (f32) _mm512_storeu_ps((float*)y + i, v);
+  else _mm256_storeu_si256((__m256i*)((bf16*)y + i), (__m256i)_mm512_cvtneps_pbh(v));
+}
+#endif
+
 // A single bf16 row; gated: silu(gate) up of a fused [gate; up] projection (y [1, N / 2]), the up half's panel u
-// U panels after the gate's.
-static torch::Tensor one_row(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool gated) {
+// U panels after the gate's; f32: y in float32.
+static torch::Tensor one_row(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool gated,
+                             bool f32) {
   TORCH_CHECK(one_row_linear_native(), "one_row_linear needs a build with AVX-512 BF16");
   TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
               "x must be one contiguous bfloat16 row");
   const int64_t U = check_pairs(x, w, bias, gated), K = x.size(1);
-  auto y = torch::empty({1, U * 16}, x.options());
+  auto y = torch::empty({1, U * 16}, x.options().dtype(f32 ? torch::kFloat32 : torch::kBFloat16));
 #if defined(__AVX512BF16__)
   const bf16* xp = ptr<bf16>(x);
   const bf16* wp = ptr<bf16>(w);
   const float* bp = bias.numel() ? ptr<float>(bias) : nullptr;
-  bf16* yp = ptr<bf16>(y);
+  void* yp = y.data_ptr();
   auto panel_sums = [&](int64_t p) {  // panel p's 16 outputs, float32, its bias added
     const bf16* panel = wp + p * 16 * K;
     __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -1474,16 +1485,20 @@ static torch::Tensor one_row(const torch::Tensor& x, const torch::Tensor& w, con
   };
   at::parallel_for(0, U, gated ? 2 : 4, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
-      const __m512 sum = gated ? silu16(panel_sums(u), panel_sums(u + U)) : panel_sums(u);
-      _mm256_storeu_si256((__m256i*)(yp + u * 16), (__m256i)_mm512_cvtneps_pbh(sum));
+      put16(yp, u * 16, gated ? silu16(panel_sums(u), panel_sums(u + U)) : panel_sums(u), f32);
     }
   });
 #endif
   return y;
 }
 
-torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return one_row(x, w, bias, false); }
-torch::Tensor one_row_gated(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return one_row(x, w, bias, true); }
+torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+  return one_row(x, w, bias, false, false);
+}
+torch::Tensor one_row_gated(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return one_row(x, w, bias, true, false); }
+torch::Tensor one_row_linear_f32(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+  return one_row(x, w, bias, false, true);
+}
 
 // A few rows (2-64: a decode step's) through a bf16 linear on AMX tiles, from the same weights in pairs along K as
 // one_row_linear: a panel of 16 outputs over 32 inputs, [16 pairs][16][2], is one B tile as the tiles' bf16
@@ -1561,16 +1576,16 @@ static inline void amx_panel(const bf16* x, int64_t K, const bf16* panel, float*
   amx_store<MT>(c);
 }
 
-// The output's panel u (16 outputs of y's N) of M rows, rounded to bf16: panel u's sums (c [M][16] float32) plus its
-// bias; gated (up: the up half's sums, panel u + U), silu(gate) up of the two.
+// The output's panel u (16 outputs of y's N) of M rows, rounded to bf16 (f32: in float32): panel u's sums (c [M][16]
+// float32) plus its bias; gated (up: the up half's sums, panel u + U), silu(gate) up of the two.
 static inline void amx_put(const float* c, const float* up, int64_t M, const float* bp, int64_t u, int64_t U, int64_t N,
-                           bf16* yp) {
+                           void* yp, bool f32) {
   const __m512 b = bp ? _mm512_loadu_ps(bp + u * 16) : _mm512_setzero_ps();
   const __m512 bu = bp && up ? _mm512_loadu_ps(bp + (u + U) * 16) : _mm512_setzero_ps();
   for (int64_t m = 0; m < M; ++m) {
     __m512 v = _mm512_add_ps(_mm512_load_ps(c + 16 * m), b);
     if (up) v = silu16(v, _mm512_add_ps(_mm512_load_ps(up + 16 * m), bu));
-    _mm256_storeu_si256((__m256i*)(yp + m * N + u * 16), (__m256i)_mm512_cvtneps_pbh(v));
+    put16(yp, m * N + u * 16, v, f32);
   }
 }
 
@@ -1584,7 +1599,7 @@ constexpr int64_t AMX_L1_BYTES = 49152, AMX_CHUNK_BYTES = 32768, AMX_MAX_CHUNKS 
 // Gated (U output panels of 2 U), a group is AMX_GROUP / 2 output panels' gate panels, then their up panels.
 template <int MT>
 static void amx_chunked(const bf16* xp, int64_t M, int64_t K, const bf16* wp, int64_t U, bool gated, const float* bp,
-                        bf16* yp, int64_t chunks, const TileConfig& cfg) {
+                        void* yp, bool f32, int64_t chunks, const TileConfig& cfg) {
   const int64_t N = U * 16, steps = K / 32, per = (steps + chunks - 1) / chunks, group = gated ? AMX_GROUP / 2 : AMX_GROUP;
   at::parallel_for(0, U, 1, [&](int64_t u0, int64_t u1) {
     _tile_loadconfig(&cfg);
@@ -1602,8 +1617,8 @@ static void amx_chunked(const bf16* xp, int64_t M, int64_t K, const bf16* wp, in
           amx_steps<MT>(xp, K, wp + panel(i) * 16 * K, s0, s1, (const char*)(wp + np * 16 * K + nch * per * 512));
           amx_store<MT>(c);
           if (ch + 1 == chunks && (!gated || i >= n)) {
-            if (gated) amx_put(sums + (i - n) * 1024, c, M, bp, g0 + i - n, U, N, yp);
-            else amx_put(c, nullptr, M, bp, g0 + i, U, N, yp);
+            if (gated) amx_put(sums + (i - n) * 1024, c, M, bp, g0 + i - n, U, N, yp, f32);
+            else amx_put(c, nullptr, M, bp, g0 + i, U, N, yp, f32);
           }
         }
       }
@@ -1666,8 +1681,9 @@ static void amx_many_rows(const bf16* xp, int64_t M, int64_t K, const bf16* wp, 
 }
 #endif
 
-// gated: silu(gate) up of a fused [gate; up] projection, y [M, N / 2] (as one_row's)
-static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool gated) {
+// gated: silu(gate) up of a fused [gate; up] projection, y [M, N / 2]; f32: y in float32 (as one_row's)
+static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool gated,
+                              bool f32) {
   TORCH_CHECK(amx_linear_native(), "amx_linear needs a build with AMX bf16, on a kernel that lets it use the tiles");
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous()
               && x.size(1) % 32 == 0, "x must be contiguous bfloat16 rows of a multiple of 32 inputs");
@@ -1679,10 +1695,11 @@ static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, co
   if (M > AMX_MAX_ROWS) {
     auto y = torch::empty({M, P * 16}, x.options());
     amx_many_rows(xp, M, K, wp, P, bp, ptr<bf16>(y));
-    return gated ? silu_mul(y) : y;
+    y = gated ? silu_mul(y) : y;
+    return f32 ? y.to(torch::kFloat32) : y;
   }
-  auto y = torch::empty({M, N}, x.options());
-  bf16* yp = ptr<bf16>(y);
+  auto y = torch::empty({M, N}, x.options().dtype(f32 ? torch::kFloat32 : torch::kBFloat16));
+  void* yp = y.data_ptr();
   const int tiles = (int)((M + 15) / 16), last = (int)(M - 16 * (tiles - 1));
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
@@ -1692,8 +1709,8 @@ static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, co
   for (int t = tiles; t < 4; ++t) cfg.colsb[t] = 0;
   const int64_t chunks = (M * K * 2 + AMX_CHUNK_BYTES - 1) / AMX_CHUNK_BYTES;
   if (tiles >= 3 && M * K * 2 > AMX_L1_BYTES && chunks <= AMX_MAX_CHUNKS) {
-    if (tiles == 3) amx_chunked<3>(xp, M, K, wp, U, gated, bp, yp, chunks, cfg);
-    else amx_chunked<4>(xp, M, K, wp, U, gated, bp, yp, chunks, cfg);
+    if (tiles == 3) amx_chunked<3>(xp, M, K, wp, U, gated, bp, yp, f32, chunks, cfg);
+    else amx_chunked<4>(xp, M, K, wp, U, gated, bp, yp, f32, chunks, cfg);
     return y;
   }
   at::parallel_for(0, U, 1, [&](int64_t u0, int64_t u1) {
@@ -1709,7 +1726,7 @@ static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, co
           default: amx_panel<4>(xp, K, panel, c[h]); break;
         }
       }
-      amx_put(c[0], gated ? c[1] : nullptr, M, bp, u, U, N, yp);
+      amx_put(c[0], gated ? c[1] : nullptr, M, bp, u, U, N, yp, f32);
     }
     _tile_release();
   });
@@ -1719,12 +1736,15 @@ static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, co
 #endif
 }
 
-torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return amx_rows(x, w, bias, false); }
-torch::Tensor amx_gated(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return amx_rows(x, w, bias, true); }
+torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return amx_rows(x, w, bias, false, false); }
+torch::Tensor amx_gated(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return amx_rows(x, w, bias, true, false); }
+torch::Tensor amx_linear_f32(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+  return amx_rows(x, w, bias, false, true);
+}
 """
 FUNCTIONS = ["rms_norm", "add_rms_norm", "silu_mul", "rope_cache", "paged_decode", "prefill_attention",
-             "sample_rows", "best_rows", "one_row_linear_native", "one_row_linear", "one_row_gated", "amx_linear_native",
-             "amx_linear", "amx_gated"]
+             "sample_rows", "best_rows", "one_row_linear_native", "one_row_linear", "one_row_gated",
+             "one_row_linear_f32", "amx_linear_native", "amx_linear", "amx_gated", "amx_linear_f32"]
 DTYPES = (torch.float32, torch.bfloat16)  # what the C++ ops take
 
 

@@ -17,7 +17,7 @@ from torch.profiler import record_function
 from inferd.models.config import ModelConfig
 from inferd.models.cpu_kernels import TorchKernels
 from inferd.models.decode_loop import LayerPlan, layer_plan
-from inferd.models.packed import gated_op, linear_op
+from inferd.models.packed import float_op, gated_op, linear_op
 
 
 class StepInterrupted(Exception):
@@ -227,7 +227,7 @@ class LlamaForCausalLM(nn.Module):
         if self._plan is None:
             dtype = self.embed_tokens.weight.dtype  # the activations'
             silu = self.kernels.silu_mul
-            self._plan = [LayerOps.of(layer, dtype, silu) for layer in self.layers], linear_op(self.lm_head, dtype)
+            self._plan = [LayerOps.of(layer, dtype, silu) for layer in self.layers], float_op(self.lm_head, dtype)
         return self._plan
 
     def replan(self) -> None:
@@ -268,7 +268,7 @@ class LlamaForCausalLM(nn.Module):
                     between()
                 h, residual = decoder_layer(ops, kernels, h, residual, rope, meta, k_cache, v_cache, profiling)
         h = kernels.add_rms_norm(h[logits_indices], residual[logits_indices], self.norm.weight, self.norm.eps)
-        return head(h).float()
+        return head(h)
 
     def _layer_caches(self, kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's (K, V) views of kv_cache, made once per cache tensor."""

@@ -42,19 +42,20 @@ class PackedLinear(nn.Module):
                 self.row_bias[:self.out_features] = linear.bias.detach()
         self.amx = one_row is not None and self.in_features % 32 == 0 and one_row.amx_linear_native()
 
-    def _row_kernel(self, rows: int, dtype: torch.dtype, gated: bool = False) -> str | None:
-        """The C++ op (by name) that serves `rows` rows of `dtype` from the pairs, or None: oneDNN. gated: the op that
-        also takes silu(gate) * up of this fused [gate; up] projection (both halves whole panels of 16 outputs), up to
-        AMX_MAX_ROWS rows (a prefill's go through oneDNN and silu_mul)."""
+    def _row_kernel(self, rows: int, dtype: torch.dtype, kind: str = "linear") -> str | None:
+        """The C++ op (by name) that serves `rows` rows of `dtype` from the pairs, or None: oneDNN. kind "gated": the
+        op that also takes silu(gate) * up of this fused [gate; up] projection (both halves whole panels of 16
+        outputs), "linear_f32": the op writing float32 outputs (logits), each up to AMX_MAX_ROWS rows (a prefill's
+        go through oneDNN, then silu_mul or a cast)."""
         if self.one_row is None or dtype is not torch.bfloat16 or rows < 1:
             return None
-        if gated and (self.out_features % 32 or rows > AMX_MAX_ROWS):
+        if kind != "linear" and rows > AMX_MAX_ROWS or kind == "gated" and self.out_features % 32:
             return None
         if rows == 1:
-            return "one_row_gated" if gated else "one_row_linear"
+            return f"one_row_{kind}"
         if rows > AMX_MAX_ROWS and self.out_features > AMX_MANY_ROWS_MAX_OUT:
             return None
-        return ("amx_gated" if gated else "amx_linear") if self.amx else None
+        return f"amx_{kind}" if self.amx else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x.dtype)(x.reshape(-1, self.in_features).contiguous())
@@ -64,7 +65,7 @@ class PackedLinear(nn.Module):
         """What the C++ decode loop (decode_loop.py) calls for `rows` rows of `dtype`: the C++ op on the pairs where
         one serves that many (kind, its address, its weights, N), else None (oneDNN serves). gated: the op that also
         takes silu(gate) * up (N then half the outputs), None where there is none."""
-        name = self._row_kernel(rows, dtype, gated)
+        name = self._row_kernel(rows, dtype, "gated" if gated else "linear")
         if name is None:
             return None
         kind, n = (GATED_CALL, self.out_features // 2) if gated else (ONE_ROW_CALL, self.out_features)
@@ -92,14 +93,27 @@ class PackedLinear(nn.Module):
         """silu(gate) * up of this fused [gate; up] projection as one function of a 2-D contiguous input: the C++ op
         that does both where one serves that many rows (the activation computed as the projection's outputs are
         stored, no pass of its own), else op(dtype) then `silu` (kernels' silu_mul)."""
+        return self._fused_op(dtype, "gated", silu)
+
+    def float_op(self, dtype: torch.dtype):
+        """This linear's float32 outputs (a model's logits) as one function of a 2-D contiguous input: the C++ op that
+        writes them where one serves that many rows (at 64 rows of SmolLM2's vocabulary a cast of the bf16 logits
+        took 0.3 ms of a 25 ms step), else op(dtype) then a cast."""
+        return self._fused_op(dtype, "linear_f32", lambda y: y.float())
+
+    def _fused_op(self, dtype: torch.dtype, kind: str, then):
         linear = self.op(dtype)
-        names = [self._row_kernel(rows, dtype, gated=True) for rows in range(AMX_MAX_ROWS + 2)]
+        names = [self._row_kernel(rows, dtype, kind) for rows in range(AMX_MAX_ROWS + 2)]
         by_rows = [None if name is None else getattr(self.one_row, name) for name in names]  # [-1]: any more rows
         pairs, row_bias = self.pairs if self.one_row is not None else None, getattr(self, "row_bias", None)
+        n = self.out_features // 2 if kind == "gated" else self.out_features
 
         def run(x: torch.Tensor) -> torch.Tensor:
             kernel = by_rows[min(x.shape[0], AMX_MAX_ROWS + 1)]
-            return silu(linear(x)) if kernel is None else kernel(x, pairs, row_bias)
+            if kernel is None:
+                return then(linear(x))
+            y = kernel(x, pairs, row_bias)
+            return y if y.shape[1] == n else y[:, :n].contiguous()
         return run
 
 
@@ -118,6 +132,16 @@ def gated_op(module: nn.Module, dtype: torch.dtype, silu):
         return op(dtype, silu)
     linear = linear_op(module, dtype)
     return lambda x: silu(linear(x))
+
+
+def float_op(module: nn.Module, dtype: torch.dtype):
+    """A linear's float32 outputs (logits) as one function of a 2-D contiguous input: the module's float_op where it
+    has one, else its linear_op then a cast."""
+    op = getattr(module, "float_op", None)
+    if op is not None:
+        return op(dtype)
+    linear = linear_op(module, dtype)
+    return lambda x: linear(x).float()
 
 
 def pair_weights(w: torch.Tensor) -> torch.Tensor:

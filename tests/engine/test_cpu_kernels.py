@@ -334,6 +334,23 @@ def test_a_gated_projection_is_its_linear_then_silu_mul_bit_for_bit(out_features
                            cpp.silu_mul(cpp.amx_linear(x, layer.pairs, layer.row_bias)))
 
 
+@pytest.mark.parametrize("out_features,in_features", [(4000, 576), (40, 64)])
+def test_logits_are_written_in_float32_unrounded(out_features, in_features):
+    if not cpp.one_row_linear_native():
+        pytest.skip("no AVX-512 BF16 here: the one-row loop is not used")
+    linear, layer = row_layer(out_features, in_features, True)
+    logits = layer.float_op(torch.bfloat16)
+    g = torch.Generator().manual_seed(2)
+    counts = (1, 2, 17, 48, 64, 65) if cpp.amx_linear_native() else (1, 2, 65)
+    for rows in counts:  # 65: oneDNN's bf16 outputs, cast
+        x = randn(rows, in_features, dtype=torch.bfloat16, g=g)
+        y = logits(x)
+        expected = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
+        assert y.dtype == torch.float32 and y.shape == (rows, out_features)
+        rounded = rows > 64 or rows > 1 and not cpp.amx_linear_native()
+        torch.testing.assert_close(y, expected, **(tol(torch.bfloat16) if rounded else {"rtol": 1e-5, "atol": 1e-5}))
+
+
 def test_a_projection_whose_halves_are_not_whole_panels_is_not_gated_in_one_op():
     if not cpp.one_row_linear_native():
         pytest.skip("no AVX-512 BF16 here: the one-row loop is not used")
