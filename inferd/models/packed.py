@@ -74,44 +74,34 @@ class PackedLinear(nn.Module):
     def op(self, dtype: torch.dtype):
         """This linear as one function of a 2-D contiguous input, its weights bound once (the decoder's calls)."""
         linear, packed, bias = torch.ops.mkldnn._linear_pointwise, self.packed, self.bias
-        if self.one_row is None:
-            return lambda x: linear(x, packed, bias, "none", [None], "")
-        pairs, row_bias, n = self.pairs, self.row_bias, self.out_features
-        names = [self._row_kernel(rows, dtype) for rows in range(AMX_MAX_ROWS + 2)]  # the rule, looked up per call
-        by_rows = [None if name is None else getattr(self.one_row, name) for name in names]  # [-1]: any more rows
-
-        def run(x: torch.Tensor) -> torch.Tensor:
-            kernel = by_rows[min(x.shape[0], AMX_MAX_ROWS + 1)]
-            if kernel is None:
-                return linear(x, packed, bias, "none", [None], "")
-            y = kernel(x, pairs, row_bias)
-            return y if y.shape[1] == n else y[:, :n].contiguous()
-        return run
-
+        return self._by_rows(dtype, "linear", lambda x: linear(x, packed, bias, "none", [None], ""))
 
     def gated_op(self, dtype: torch.dtype, silu):
         """silu(gate) * up of this fused [gate; up] projection as one function of a 2-D contiguous input: the C++ op
         that does both where one serves that many rows (the activation computed as the projection's outputs are
         stored, no pass of its own), else op(dtype) then `silu` (kernels' silu_mul)."""
-        return self._fused_op(dtype, "gated", silu)
+        linear = self.op(dtype)
+        return self._by_rows(dtype, "gated", lambda x: silu(linear(x)))
 
     def float_op(self, dtype: torch.dtype):
         """This linear's float32 outputs (a model's logits) as one function of a 2-D contiguous input: the C++ op that
         writes them where one serves that many rows (at 64 rows of SmolLM2's vocabulary a cast of the bf16 logits
         took 0.3 ms of a 25 ms step), else op(dtype) then a cast."""
-        return self._fused_op(dtype, "linear_f32", lambda y: y.float())
-
-    def _fused_op(self, dtype: torch.dtype, kind: str, then):
         linear = self.op(dtype)
-        names = [self._row_kernel(rows, dtype, kind) for rows in range(AMX_MAX_ROWS + 2)]
+        return self._by_rows(dtype, "linear_f32", lambda x: linear(x).float())
+
+    def _by_rows(self, dtype: torch.dtype, kind: str, otherwise):
+        """The C++ op of `kind` (_row_kernel) on the pairs at the row counts one serves, `otherwise` at the others."""
+        if self.one_row is None:
+            return otherwise
+        names = [self._row_kernel(rows, dtype, kind) for rows in range(AMX_MAX_ROWS + 2)]  # the rule, looked up per call
         by_rows = [None if name is None else getattr(self.one_row, name) for name in names]  # [-1]: any more rows
-        pairs, row_bias = self.pairs if self.one_row is not None else None, getattr(self, "row_bias", None)
-        n = self.out_features // 2 if kind == "gated" else self.out_features
+        pairs, row_bias, n = self.pairs, self.row_bias, self.out_features // 2 if kind == "gated" else self.out_features
 
         def run(x: torch.Tensor) -> torch.Tensor:
             kernel = by_rows[min(x.shape[0], AMX_MAX_ROWS + 1)]
             if kernel is None:
-                return then(linear(x))
+                return otherwise(x)
             y = kernel(x, pairs, row_bias)
             return y if y.shape[1] == n else y[:, :n].contiguous()
         return run
