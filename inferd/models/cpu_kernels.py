@@ -294,13 +294,13 @@ static inline vec vexp(vec x) {
 
 // silu(g) u = g sigmoid(g) u on whole vectors, sigmoid from e = e^-|g| (never above 1): 1 / (1 + e) for g >= 0,
 // e / (1 + e) below
+static inline vec silu_times(vec g, vec u) {
+  const vec e = vexp(vsub(vset(0.f), vmax(g, vsub(vset(0.f), g)))), s = vrecip(vadd(vset(1.f), e));
+  return vmul(vmul(g, vneg_where(g, s, vmul(e, s))), u);
+}
 template <typename T> static int64_t silu_mul_vec(const T* g, const T* u, T* o, int64_t n) {
   int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    const vec x = vload(g + i), e = vexp(vsub(vset(0.f), vmax(x, vsub(vset(0.f), x))));
-    const vec s = vrecip(vadd(vset(1.f), e));
-    vstore(o + i, vmul(vmul(x, vneg_where(x, s, vmul(e, s))), vload(u + i)));
-  }
+  for (; i + W <= n; i += W) vstore(o + i, silu_times(vload(g + i), vload(u + i)));
   return i;
 }
 #endif
@@ -334,8 +334,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 // benchmarks/paged_decode.py --layers 64), 64 streams of 192 positions ran 1.13x as fast in bf16, fp32 1.11-1.14x at
 // 32-64, 1.11-1.13x in AVX2 code, 1.07-1.16x in attend_bf16 (cooperlake code); unchanged where the cache fits L3. The
 // engine's bf16 decode 1.055x / 1.058x at 32 / 64 streams (benchmarks/results/engine-ahead-ab-emr.json).
-// bytes: a key's, from k (a PV of several passes fetches a part of each key in each).
-struct Ahead { const void* k = nullptr; const int64_t* blocks = nullptr; int64_t len = 0, bytes = 0; };
+// k: the keys of the KV head the PV at hand reads (a PV fetches as many bytes a key as it reads a value).
+struct Ahead { const void* k = nullptr; const int64_t* blocks = nullptr; int64_t len = 0; };
 
 #ifdef INFERD_VEC
 template <int HINT> static inline void prefetch(const void* p, int64_t bytes) {
@@ -393,7 +393,7 @@ static void pv_tile(const float* p, int64_t stride, const T* cache, const int64_
     const T* keys = ahead_keys<T>(ahead, t0, block_size, row);
     for (int64_t i = 0; i < n; ++i) {
       const T* v = block + i * row;
-      if (keys) prefetch<_MM_HINT_T1>(keys + i * row, ahead.bytes);
+      if (keys) prefetch<_MM_HINT_T1>(keys + i * row, C * W * sizeof(T));
       vec vv[C];
       for (int c = 0; c < C; ++c) vv[c] = vload(v + c * W);
       for (int g = 0; g < GT; ++g) {
@@ -529,7 +529,7 @@ static void pv_split(const float* p, int64_t stride, const bf16* cache, const in
     const int64_t n = std::min(block_size, len - t0);
     const bf16* keys = ahead_keys<bf16>(ahead, t0, block_size, row);
     for (int64_t i = 0; i < n; ++i) {
-      if (keys) prefetch<_MM_HINT_T1>(keys + i * row, ahead.bytes);
+      if (keys) prefetch<_MM_HINT_T1>(keys + i * row, C2 * 64);
       for (int c = 0; c < C2; ++c) {
         __m512 e, o;
         split_bf16(block + i * row + 32 * c, e, o);
@@ -634,8 +634,8 @@ static void pv_bf16(const bf16* p, int64_t stride, const bf16* vc, const int64_t
     const bf16* keys = ahead_keys<bf16>(ahead, t0, block_size, row);
     for (int64_t i = 0; i < n; i += 2) {
       if (keys) {
-        prefetch<_MM_HINT_T1>(keys + i * row, ahead.bytes);
-        if (i + 1 < n) prefetch<_MM_HINT_T1>(keys + (i + 1) * row, ahead.bytes);
+        prefetch<_MM_HINT_T1>(keys + i * row, DV * 64);
+        if (i + 1 < n) prefetch<_MM_HINT_T1>(keys + (i + 1) * row, DV * 64);
       }
       const bool two = i + 1 < n;  // a lone last key pairs with zeros (never with the next block's first)
       for (int c = 0; c < DV; ++c) {
@@ -705,7 +705,7 @@ static void attend_bf16(const bf16* q, float scale, int64_t KH, int64_t G, int64
       float* o = out + first * hd;
       const bf16* v = vc + h * hd;
       Ahead ahead;  // KV head h's first PV pass fetches the next task's keys of KV head h
-      if (g0 == 0 && next.k) ahead = Ahead{(const bf16*)next.k + h * hd, next.blocks, next.len, hd * 2};
+      if (g0 == 0 && next.k) ahead = Ahead{(const bf16*)next.k + h * hd, next.blocks, next.len};
       switch (gt) {
         case 1: pv_bf16<DV, 1>(probs, stride, v, blocks, block_size, row, len, inv, o, hd, ahead); break;
         case 2: if constexpr (GT >= 2) pv_bf16<DV, 2>(probs, stride, v, blocks, block_size, row, len, inv, o, hd, ahead); break;
@@ -859,7 +859,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
         Ahead next;
         if (i + 1 < end) {
           const Part& nx = parts[i + 1];  // the thread's next task
-          next = Ahead{kp + nx.h * hd, bt + nx.d * nb + nx.t0 / block_size, nx.t1 - nx.t0, KH * hd * (int64_t)sizeof(T)};
+          next = Ahead{kp + nx.h * hd, bt + nx.d * nb + nx.t0 / block_size, nx.t1 - nx.t0};
         }
         if (attend2) {
           attend2((const bf16*)qg, (float)scale, KH, G, hd, (const bf16*)kp + h * hd, (const bf16*)vp + h * hd, blocks,
@@ -1430,9 +1430,7 @@ bool one_row_linear_native() {
 // silu(g) u of 16 outputs from the projection's float32 sums (biases added), g and u first rounded to bf16 as the
 // projection's output: the same bits as silu_mul on that output (the fused projection's gated kernels, below)
 static inline __m512 silu16(__m512 g, __m512 u) {
-  g = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(g)), u = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(u));
-  const __m512 e = vexp(vsub(vset(0.f), vmax(g, vsub(vset(0.f), g)))), s = vrecip(vadd(vset(1.f), e));
-  return vmul(vmul(g, vneg_where(g, s, vmul(e, s))), u);
+  return silu_times(_mm512_cvtpbh_ps(_mm512_cvtneps_pbh(g)), _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(u)));
 }
 #endif
 
@@ -1671,8 +1669,7 @@ static void amx_many_rows(const bf16* xp, int64_t M, int64_t K, const bf16* wp, 
         for (int64_t h = 0; h < 1 + two; ++h) {  // panel p + h: c [h][row][16]
           const __m512 b = bp ? _mm512_loadu_ps(bp + (p + h) * 16) : _mm512_setzero_ps();
           for (int64_t m = 0; m < rows; ++m)
-            _mm256_storeu_si256((__m256i*)(yp + (32 * r + m) * N + (p + h) * 16),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(c + 512 * h + 16 * m), b)));
+            put16(yp, (32 * r + m) * N + (p + h) * 16, _mm512_add_ps(_mm512_load_ps(c + 512 * h + 16 * m), b), false);
         }
       }
     }

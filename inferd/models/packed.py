@@ -49,7 +49,7 @@ class PackedLinear(nn.Module):
         go through oneDNN, then silu_mul or a cast)."""
         if self.one_row is None or dtype is not torch.bfloat16 or rows < 1:
             return None
-        if kind != "linear" and rows > AMX_MAX_ROWS or kind == "gated" and self.out_features % 32:
+        if (kind != "linear" and rows > AMX_MAX_ROWS) or (kind == "gated" and self.out_features % 32):
             return None
         if rows == 1:
             return f"one_row_{kind}"

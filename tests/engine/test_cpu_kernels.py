@@ -245,6 +245,10 @@ def test_prefill_attention_in_the_avx2_build_matches_torch(dtype):  # SDPA there
         torch.testing.assert_close(avx2.prefill_attention(q, k_cache, v_cache, *rest).float(), expected, **tol(dtype))
 
 
+needs_one_row = pytest.mark.skipif(cpp is None or not cpp.one_row_linear_native(),
+                                   reason="no AVX-512 BF16 here: the one-row loop is not used")
+
+
 def row_layer(out_features: int, in_features: int, bias: bool) -> tuple[torch.nn.Linear, PackedLinear]:
     """A random bf16 linear and its PackedLinear with the C++ row ops (the weights in pairs)."""
     torch.manual_seed(out_features + in_features)
@@ -261,11 +265,10 @@ def assert_rows_match_torch(linear: torch.nn.Linear, layer: PackedLinear, counts
         torch.testing.assert_close(layer(x).float(), expected, **tol(torch.bfloat16))
 
 
+@needs_one_row
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out_features,in_features", [(576, 576), (37, 6), (16, 1536), (49, 10)])
 def test_one_row_linear_matches_torch(out_features, in_features, bias):
-    if not cpp.one_row_linear_native():
-        pytest.skip("no AVX-512 BF16 here: the one-row loop is not used")
     linear, layer = row_layer(out_features, in_features, bias)
     assert_rows_match_torch(linear, layer, (1, 3))  # 3: oneDNN's packed weights, or AMX's tiles where the CPU has AMX
     with pytest.raises(RuntimeError, match="one contiguous bfloat16 row"):
@@ -314,11 +317,10 @@ def test_amx_rows_need_k_a_multiple_of_32():
     assert_rows_match_torch(linear, layer, (4,))  # oneDNN serves its rows above one
 
 
+@needs_one_row
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out_features,in_features", [(3072, 576), (64, 64), (96, 608), (32, 1536)])
 def test_a_gated_projection_is_its_linear_then_silu_mul_bit_for_bit(out_features, in_features, bias):
-    if not cpp.one_row_linear_native():
-        pytest.skip("no AVX-512 BF16 here: the one-row loop is not used")
     linear, layer = row_layer(out_features, in_features, bias)
     gated, plain = layer.gated_op(torch.bfloat16, cpp.silu_mul), layer.op(torch.bfloat16)
     g = torch.Generator().manual_seed(out_features)
@@ -334,10 +336,9 @@ def test_a_gated_projection_is_its_linear_then_silu_mul_bit_for_bit(out_features
                            cpp.silu_mul(cpp.amx_linear(x, layer.pairs, layer.row_bias)))
 
 
+@needs_one_row
 @pytest.mark.parametrize("out_features,in_features", [(4000, 576), (40, 64)])
 def test_logits_are_written_in_float32_unrounded(out_features, in_features):
-    if not cpp.one_row_linear_native():
-        pytest.skip("no AVX-512 BF16 here: the one-row loop is not used")
     linear, layer = row_layer(out_features, in_features, True)
     logits = layer.float_op(torch.bfloat16)
     g = torch.Generator().manual_seed(2)
@@ -351,9 +352,8 @@ def test_logits_are_written_in_float32_unrounded(out_features, in_features):
         torch.testing.assert_close(y, expected, **(tol(torch.bfloat16) if rounded else {"rtol": 1e-5, "atol": 1e-5}))
 
 
+@needs_one_row
 def test_a_projection_whose_halves_are_not_whole_panels_is_not_gated_in_one_op():
-    if not cpp.one_row_linear_native():
-        pytest.skip("no AVX-512 BF16 here: the one-row loop is not used")
     linear, layer = row_layer(48, 64, False)  # halves of 24 outputs
     assert layer.kernel_call(1, torch.bfloat16, gated=True) is None and layer.kernel_call(1, torch.bfloat16)
     x = randn(1, 64, dtype=torch.bfloat16, g=torch.Generator().manual_seed(0))
