@@ -253,10 +253,9 @@ class OpenAIRoutes:
                 lps = chat_logprobs(out.logprobs, self._token_bytes) if body.logprobs and out.logprobs else None
                 if out.text or lps or out.finished:
                     delta = {"content": out.text} if out.text else {}
-                    yield sse_event(chat_chunk(meta, index, delta, lps, _finish(out),
-                                               _so_far(body, prompt_lens, results)))
-                    if usage_events:
-                        yield _usage_comment(prompt_lens, results)
+                    event = sse_event(chat_chunk(meta, index, delta, lps, _finish(out),
+                                                 _so_far(body, prompt_lens, results)))
+                    yield event + _usage_comment(prompt_lens, results) if usage_events else event
         if usage:
             yield sse_event(usage_chunk(meta, "chat.completion.chunk", _usage(prompt_lens, results)))
         yield SSE_DONE
@@ -272,10 +271,9 @@ class OpenAIRoutes:
                     lps = completion_logprobs(out.logprobs, self._token_bytes, offsets[index])
                 offsets[index] += len(out.text)
                 if out.text or lps or out.finished:
-                    yield sse_event(completion_chunk(meta, index, out.text, lps, _finish(out),
-                                                     _so_far(body, prompt_lens, results)))
-                    if usage_events:
-                        yield _usage_comment(prompt_lens, results)
+                    event = sse_event(completion_chunk(meta, index, out.text, lps, _finish(out),
+                                                       _so_far(body, prompt_lens, results)))
+                    yield event + _usage_comment(prompt_lens, results) if usage_events else event
         if usage:
             yield sse_event(usage_chunk(meta, "text_completion", _usage(prompt_lens, results)))
         yield SSE_DONE
