@@ -19,64 +19,6 @@ from inferd.models.cpu import kernel_march
 log = logging.getLogger(__name__)
 
 
-# Shared by the kernel modules (prepended to their sources): how their loops split work across the threads.
-TASKS = r"""
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <memory>
-
-// Tasks [0, n) split across the threads as at::parallel_for splits a range: each thread takes its own from the front,
-// and one whose own are done takes another's from the back. A thread that another process preempts then holds the
-// call up by the task it is in, not by the rest of its share, as a static split does (the served path's gateway,
-// HTTP loop and client run on the same cores as the step's threads).
-class Tasks {
- public:
-  struct alignas(64) Range { std::atomic<uint64_t> ends; };  // front in the low 32 bits, back in the high
-  Tasks(Range* ranges, int64_t threads, int64_t self) : ranges_(ranges), threads_(threads), self_(self) {}
-  int64_t take() {  // the next task for this thread, -1 when none is left
-    if (const int64_t t = take_front(ranges_[self_]); t >= 0) return t;
-    for (int64_t j = 1; j < threads_; ++j)
-      if (const int64_t t = take_back(ranges_[(self_ + j) % threads_]); t >= 0) return t;
-    return -1;
-  }
-  int64_t peek() const {  // the task this thread takes next from its own share, -1 if none: a hint for prefetches
-    const uint64_t e = ranges_[self_].ends.load(std::memory_order_relaxed);
-    return (e & 0xffffffffu) < (e >> 32) ? int64_t(e & 0xffffffffu) : -1;
-  }
-
- private:
-  static int64_t take_front(Range& r) {
-    uint64_t e = r.ends.load(std::memory_order_relaxed);
-    while ((e & 0xffffffffu) < (e >> 32))
-      if (r.ends.compare_exchange_weak(e, e + 1, std::memory_order_relaxed)) return int64_t(e & 0xffffffffu);
-    return -1;
-  }
-  static int64_t take_back(Range& r) {
-    uint64_t e = r.ends.load(std::memory_order_relaxed);
-    while ((e & 0xffffffffu) < (e >> 32))
-      if (r.ends.compare_exchange_weak(e, e - (uint64_t(1) << 32), std::memory_order_relaxed)) return int64_t(e >> 32) - 1;
-    return -1;
-  }
-  Range* ranges_;
-  int64_t threads_, self_;
-};
-
-// body(tasks) on every thread, tasks.take() giving out [0, n) (class Tasks)
-template <typename F> static void steal_for(int64_t n, F&& body) {
-  const int64_t T = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-  std::unique_ptr<Tasks::Range[]> ranges(new Tasks::Range[T]);
-  for (int64_t t = 0; t < T; ++t) ranges[t].ends.store(uint64_t(n * t / T) | uint64_t(n * (t + 1) / T) << 32);
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      Tasks tasks(ranges.get(), T, t);
-      body(tasks);
-    }
-  });
-}
-"""
-
 def build(prefix: str, source: str, functions: list[str], march: str = "native", cflags: tuple[str, ...] = ()):
     """The module `prefix` built from `source` for `march` (kernel_march's rule), exporting `functions`.
     Raises where it cannot be built (no compiler, no ninja); the caller chooses what serves instead."""

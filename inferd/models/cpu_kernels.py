@@ -45,12 +45,12 @@ import os
 import torch
 import torch.nn.functional as F
 
-from inferd.models.cpp_build import TASKS, build
+from inferd.models.cpp_build import build
 from inferd.models.cpu import per_march
 
 log = logging.getLogger(__name__)
 
-SOURCE = TASKS + r"""
+SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
@@ -848,17 +848,17 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       T* og = op + (d * H + h * G) * hd;
       for (int64_t i = 0; i < HG * hd; ++i) og[i] = to<T>(o[i]);
     };
-    steal_for(parts.size(), [&](Tasks& tasks) {
+    at::parallel_for(0, parts.size(), 1, [&](int64_t begin, int64_t end) {
       std::vector<float> scores(HG * longest), qf(G * hd), acc(HG * hd), st(2 * HG);
       std::vector<bf16> probs(attend2 ? G * longest : 0);  // a PV tile's heads, at most G
-      for (int64_t i; (i = tasks.take()) >= 0;) {
+      for (int64_t i = begin; i < end; ++i) {
         const auto [d, h, t0, t1] = parts[i];
         const T* qg = qp + (d * H + h * G) * hd;
         float *o = cut ? &outs[i * HG * hd] : acc.data(), *sti = cut ? &stats[i * 2 * HG] : st.data();
         const int64_t* blocks = bt + d * nb + t0 / block_size;
         Ahead next;
-        if (const int64_t j = tasks.peek(); j >= 0) {
-          const Part& nx = parts[j];  // the thread's next task
+        if (i + 1 < end) {
+          const Part& nx = parts[i + 1];  // the thread's next task
           next = Ahead{kp + nx.h * hd, bt + nx.d * nb + nx.t0 / block_size, nx.t1 - nx.t0};
         }
         if (attend2) {
@@ -1481,11 +1481,9 @@ static torch::Tensor one_row(const torch::Tensor& x, const torch::Tensor& w, con
     __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
     return bp ? _mm512_add_ps(sum, _mm512_loadu_ps(bp + p * 16)) : sum;
   };
-  const int64_t per = gated ? 2 : 4;  // panels a task
-  steal_for((U + per - 1) / per, [&](Tasks& tasks) {
-    for (int64_t t; (t = tasks.take()) >= 0;) {
-      for (int64_t u = t * per; u < std::min(U, (t + 1) * per); ++u)
-        put16(yp, u * 16, gated ? silu16(panel_sums(u), panel_sums(u + U)) : panel_sums(u), f32);
+  at::parallel_for(0, U, gated ? 2 : 4, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      put16(yp, u * 16, gated ? silu16(panel_sums(u), panel_sums(u + U)) : panel_sums(u), f32);
     }
   });
 #endif
@@ -1600,15 +1598,12 @@ constexpr int64_t AMX_L1_BYTES = 49152, AMX_CHUNK_BYTES = 32768, AMX_MAX_CHUNKS 
 template <int MT>
 static void amx_chunked(const bf16* xp, int64_t M, int64_t K, const bf16* wp, int64_t U, bool gated, const float* bp,
                         void* yp, bool f32, int64_t chunks, const TileConfig& cfg) {
-  const int64_t N = U * 16, steps = K / 32, per = (steps + chunks - 1) / chunks;
-  const int64_t threads = at::get_num_threads();  // tasks of a group each, at least two a thread
-  const int64_t group = std::min((U + 2 * threads - 1) / (2 * threads), gated ? AMX_GROUP / 2 : AMX_GROUP);
-  steal_for((U + group - 1) / group, [&](Tasks& tasks) {
+  const int64_t N = U * 16, steps = K / 32, per = (steps + chunks - 1) / chunks, group = gated ? AMX_GROUP / 2 : AMX_GROUP;
+  at::parallel_for(0, U, 1, [&](int64_t u0, int64_t u1) {
     _tile_loadconfig(&cfg);
     alignas(64) float sums[AMX_GROUP * 1024];  // [panel of the group][64 rows][16]
-    for (int64_t t; (t = tasks.take()) >= 0;) {
-      const int64_t g0 = t * group, n = std::min(U, g0 + group) - g0, panels = gated ? 2 * n : n;
-      const int64_t next = tasks.peek(), after = next >= 0 ? next * group : g0;  // the thread's next group, if known
+    for (int64_t g0 = u0; g0 < u1; g0 += group) {
+      const int64_t n = std::min(u1, g0 + group) - g0, panels = gated ? 2 * n : n;
       auto panel = [&](int64_t i) { return i < n ? g0 + i : g0 + i - n + U; };  // the group's i-th
       for (int64_t ch = 0; ch < chunks; ++ch) {
         const int64_t s0 = ch * per, s1 = std::min(steps, s0 + per);
@@ -1616,7 +1611,7 @@ static void amx_chunked(const bf16* xp, int64_t M, int64_t K, const bf16* wp, in
           float* c = sums + i * 1024;
           if (ch == 0) amx_zero<MT>(); else amx_load<MT>(c);
           int64_t np = i + 1 < panels ? panel(i + 1) : g0, nch = i + 1 < panels ? ch : ch + 1;  // read next (far prefetch)
-          if (nch == chunks) np = after, nch = 0;
+          if (nch == chunks) np = g0 + n, nch = 0;
           amx_steps<MT>(xp, K, wp + panel(i) * 16 * K, s0, s1, (const char*)(wp + np * 16 * K + nch * per * 512));
           amx_store<MT>(c);
           if (ch + 1 == chunks && (!gated || i >= n)) {
@@ -1715,10 +1710,10 @@ static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, co
     else amx_chunked<4>(xp, M, K, wp, U, gated, bp, yp, f32, chunks, cfg);
     return y;
   }
-  steal_for(U, [&](Tasks& tasks) {
+  at::parallel_for(0, U, 1, [&](int64_t u0, int64_t u1) {
     _tile_loadconfig(&cfg);  // each thread's own tiles
     alignas(64) float c[2][4 * 256];
-    for (int64_t u; (u = tasks.take()) >= 0;) {
+    for (int64_t u = u0; u < u1; ++u) {
       for (int h = 0; h < 1 + gated; ++h) {  // the gate's panel, then the up's
         const bf16* panel = wp + (u + h * U) * 16 * K;
         switch (tiles) {

@@ -46,7 +46,7 @@ import os
 
 import torch
 
-from inferd.models.cpp_build import TASKS, build
+from inferd.models.cpp_build import build
 from inferd.models.cpu import cpu_flags, per_march
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 GROUP = 32  # weights per (d, m) pair along K, as in Q4_1
 PANEL = 16  # output channels per panel: one AVX-512 register of float32
 
-SOURCE = TASKS + r"""
+SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cstring>
@@ -401,8 +401,8 @@ static void panel_rows_i8(const uint8_t* spread, int64_t G, const int8_t* xq, in
 // panel stays in L1/L2 while its tiles pass): tile(panel, first row, rows)
 template <typename F>
 static void panels_by_tiles(int64_t P, int64_t M, int64_t T, const F& tile) {
-  steal_for(P, [&](Tasks& tasks) {
-    for (int64_t p; (p = tasks.take()) >= 0;)
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
       for (int64_t r = 0, tiles = (M + T - 1) / T, t = 0; t < tiles; r += M / tiles + (t < M % tiles), ++t)
         tile(p, r, M / tiles + (t < M % tiles));
   });
@@ -499,9 +499,9 @@ torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor d
     const float* xp = x.data_ptr<float>();
     const RoundedRows<int8_t> xq(xp, M, K, [](auto... a) { return quantize_group_i8(a...); });
     float* yp = y.data_ptr<float>();
-    steal_for(P, [&](Tasks& tasks) {  // panels_by_tiles, each panel spread first
+    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {  // panels_by_tiles, each panel spread first
       std::vector<uint8_t> spread(G * SPREAD_GROUP);  // (through it with a thread_local buffer: slower, scratch timing)
-      for (int64_t p; (p = tasks.take()) >= 0;) {
+      for (int64_t p = p0; p < p1; ++p) {
         spread_panel(wp + p * G * 256, dp + p * G * 32, G, spread.data());
         for (int64_t r = 0, tiles = (M + TILE_I8 - 1) / TILE_I8, t = 0; t < tiles; ++t) {
           const int64_t rows = M / tiles + (t < M % tiles);
