@@ -20,9 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks.engine import PROMPT_LEN, _cpu_name, random_prompts
-from benchmarks.runtimes import ROOT
-from benchmarks.served_decode import KEY, decode_window, deployment_name, serve_spec, streams
-from inferd.control.replicas import free_port, wait_until_ready
+from benchmarks.served_decode import KEY, decode_window, deployment_name, start_serve, streams
 
 
 def thread_ticks(pid: int) -> dict[str, int]:
@@ -47,16 +45,9 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=8.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="served-cpu-"))
-    (work / "deploy.yaml").write_text(serve_spec([args.format]))
-    port, model = free_port(), deployment_name(args.format)
-    serve = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", "--config", str(work / "deploy.yaml"),
-                              "--api-key", KEY, "--port", str(port), "--db", f"sqlite:///{work / 'inferd.db'}",
-                              "--usage-journal", str(work / "usage.journal"), "--log-level", "warning"],
-                             stdout=(work / "serve.log").open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
+    model = deployment_name(args.format)
+    serve, url = start_serve(Path(tempfile.mkdtemp(prefix="served-cpu-")), [args.format])
     try:
-        wait_until_ready(url, lambda: serve.poll() is None, lambda: f"exited: see {work / 'serve.log'}", 1800)
         asyncio.run(streams(url, KEY, model, random_prompts(2, PROMPT_LEN, 49152, seed=9), 32, "light"))  # warm-up
         children = subprocess.run(["pgrep", "-P", str(serve.pid)], capture_output=True, text=True).stdout.split()
         pids = {"gateway": serve.pid, **{f"replica {c}": int(c) for c in children}, "client": os.getpid()}

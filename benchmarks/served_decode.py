@@ -231,6 +231,23 @@ def serve_spec(formats: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def start_serve(work: Path, formats: list[str]) -> tuple[subprocess.Popen, str]:
+    """`inferd serve` with one deployment per format, its files and log in work; returns it once ready, and its URL."""
+    (work / "deploy.yaml").write_text(serve_spec(formats))
+    port = free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", "--config", str(work / "deploy.yaml"),
+                              "--api-key", KEY, "--port", str(port), "--db", f"sqlite:///{work / 'inferd.db'}",
+                              "--usage-journal", str(work / "usage.journal"), "--log-level", "warning"],
+                             stdout=(work / "serve.log").open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url, lambda: serve.poll() is None, lambda: f"exited: see {work / 'serve.log'}", 1800)
+    except BaseException:
+        serve.terminate()
+        raise
+    return serve, url
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--formats", default="auto:none,auto:auto",
@@ -257,15 +274,8 @@ def main() -> None:
     procs: list = []
     targets: list = []
     try:
-        (work / "deploy.yaml").write_text(serve_spec(formats))
-        port = free_port()
-        serve = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", "--config", str(work / "deploy.yaml"),
-                                  "--api-key", KEY, "--port", str(port), "--db", f"sqlite:///{work / 'inferd.db'}",
-                                  "--usage-journal", str(work / "usage.journal"), "--log-level", "warning"],
-                                 stdout=(work / "serve.log").open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
+        serve, url = start_serve(work, formats)
         procs.append(serve.terminate)
-        url = f"http://127.0.0.1:{port}"
-        wait_until_ready(url, lambda: serve.poll() is None, lambda: f"exited: see {work / 'serve.log'}", 1800)
         for f in formats:
             targets.append(Served(f"serve:{f}", url, KEY, deployment_name(f), args.client))
         vllm_version = None
