@@ -22,6 +22,8 @@ from pathlib import Path
 from benchmarks.engine import PROMPT_LEN, _cpu_name, random_prompts
 from benchmarks.served_decode import KEY, decode_window, deployment_name, start_serve, streams
 
+VOCAB = 49152  # the served default model's (SmolLM2): random prompt tokens are drawn below it
+
 
 def thread_ticks(pid: int) -> dict[str, int]:
     """Each thread's user + system clock ticks, by 'tid name' (the main thread marked: a replica's HTTP loop)."""
@@ -48,7 +50,7 @@ def main() -> None:
     model = deployment_name(args.format)
     serve, url = start_serve(Path(tempfile.mkdtemp(prefix="served-cpu-")), [args.format])
     try:
-        asyncio.run(streams(url, KEY, model, random_prompts(2, PROMPT_LEN, 49152, seed=9), 32, "light"))  # warm-up
+        asyncio.run(streams(url, KEY, model, random_prompts(2, PROMPT_LEN, VOCAB, seed=9), 32, "light"))  # warm-up
         children = subprocess.run(["pgrep", "-P", str(serve.pid)], capture_output=True, text=True).stdout.split()
         pids = {"gateway": serve.pid, **{f"replica {c}": int(c) for c in children}, "client": os.getpid()}
         marks = []
@@ -60,7 +62,7 @@ def main() -> None:
 
         sampler = threading.Thread(target=sample)
         sampler.start()
-        done = asyncio.run(streams(url, KEY, model, random_prompts(args.batch, PROMPT_LEN, 49152, seed=1),
+        done = asyncio.run(streams(url, KEY, model, random_prompts(args.batch, PROMPT_LEN, VOCAB, seed=1),
                                    args.new_tokens, "light"))
         sampler.join()
     finally:
