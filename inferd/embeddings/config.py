@@ -21,7 +21,9 @@ class EmbeddingConfig:
                              "request's own truncate field wins")
     matryoshka: bool = setting(False, "the model is trained for truncated embeddings: accept dimensions "
                                "below its own (truncated, then renormalised)")
-    num_threads: int | None = setting(None, "torch threads (default: all cores)")
+    num_threads: int | None = setting(None, "torch threads, at most (default: the cores this process may run on)")
+    adapt_threads: bool = setting(True, "a batch runs on fewer threads while other processes use this process's "
+                                  "cores (inferd/models/cores.py); else always on num_threads")
     max_inflight_requests: int = setting(64, "requests the gateway sends one replica at once; its inputs wait in "
                                          "the replica's own queue")
     pack_weights: bool = setting(True, "prepack linear weights for oneDNN where the CPU supports the dtype "

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from inferd.embeddings.config import EmbeddingConfig
 from inferd.models.bert import BertEncoder, load_weights, pool
+from inferd.models.cores import CoreShare, allowed_cpus
 from inferd.models.cpu import has_native_bf16
 from inferd.models.packed import pack_linears
 from inferd.models.sentence import EmbeddingModelFiles, load_embedding_model
@@ -49,8 +50,7 @@ class EmbeddingRuntime:
 
     def __init__(self, files: EmbeddingModelFiles, config: EmbeddingConfig, served_model_name: str | None = None,
                  on_batch: Callable[[BatchReport], None] | None = None):
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        self.cores = CoreShare(config.num_threads or len(allowed_cpus()), adapt=config.adapt_threads)
         self.config, self.dtype = config, resolve_dtype(config.dtype)
         self.tokenizer, self.pooling, self.normalize = files.tokenizer, files.pooling, files.normalize
         self.encoder = BertEncoder(files.config)
@@ -112,6 +112,8 @@ class EmbeddingRuntime:
 
     def embed_batch(self, batch: list[list[int]]) -> list[torch.Tensor]:
         """One model batch, padded to its longest input (the worker thread calls it)."""
+        if (threads := self.cores.threads()) != torch.get_num_threads():
+            torch.set_num_threads(threads)
         width = max(len(ids) for ids in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         mask = torch.zeros(len(batch), width, dtype=torch.bool)

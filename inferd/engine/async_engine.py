@@ -38,6 +38,9 @@ class EngineStats:
     prefix_cache_evictions: int
     spec: SpecStats | None = None  # speculative decoding, when on
     num_nested_prefills: int = 0  # prompts prefilled inside a step in flight (LLMEngine.step's arrivals)
+    threads: int = 1  # a step's threads now (LLMEngine.cores)
+    others_cores: float = 0.0  # cores of this process's set that other processes used in the last window
+    num_thread_changes: int = 0
 
 
 # inbox messages: event loop -> engine thread
@@ -114,7 +117,8 @@ class AsyncEngine:
         e, s, b = self.engine, self.engine.scheduler, self.engine.blocks
         return EngineStats(len(s.running), len(s.waiting), b.num_used_blocks, b.num_blocks, s.num_preemptions,
                            b.num_query_tokens, b.num_hit_tokens, b.num_evictions,
-                           e.speculator.stats if e.speculator else None, e.num_nested_prefills)
+                           e.speculator.stats if e.speculator else None, e.num_nested_prefills,
+                           e.cores.current, e.cores.others_cores, e.cores.num_changes)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        cache_namespace: str = "default", priority: int = 0) -> AsyncIterator[RequestOutput]:

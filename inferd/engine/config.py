@@ -32,7 +32,10 @@ class EngineConfig:
                                 "bits a group) on AVX2; auto: the fastest of these on this CPU", QUANTIZATIONS)
     cpp_kernels: bool = setting(True, "the decoder's norms, RoPE, cache writes, decode attention and silu in C++ "
                                 "(float32 and bfloat16), built on first use; else torch ops")
-    num_threads: int | None = setting(None, "torch threads for the engine (default: all cores)")
+    num_threads: int | None = setting(None, "torch threads for the engine, at most (default: the cores this process "
+                                      "may run on)")
+    adapt_threads: bool = setting(True, "a step runs on fewer threads while other processes use this process's "
+                                  "cores (inferd/models/cores.py); else always on num_threads")
     small_step_threads: int | None = setting(None, "torch threads for a decode step of at most small_step_seqs "
                                              "sequences, for a machine whose cores other work needs (default: "
                                              "num_threads)")

@@ -16,6 +16,7 @@ from inferd.engine.spec_decode import SpecConfig, Speculator
 from inferd.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from inferd.engine.sequence import Sequence
 from inferd.models.config import LoadedModel
+from inferd.models.cores import CoreShare, allowed_cpus
 from inferd.models.cpu import auto_quantization, has_native_bf16, int4_max_rows
 from inferd.models.huge_pages import move_weights
 from inferd.models.int4 import int4_available, quantize_int4_linears, takes
@@ -28,7 +29,6 @@ from inferd.models.quant import Int8Linear, SmallRowsInt8, load_int8_kernel, qua
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice (all cores), before any engine sets it per step
 
 
 def resolve_dtype(name: str, quantization: str = "none") -> torch.dtype:
@@ -67,7 +67,8 @@ class LLMEngine:
     """Synchronous core: add requests, call step(), get outputs. Not thread-safe."""
 
     def __init__(self, model: LoadedModel, config: EngineConfig):
-        self.num_threads = config.num_threads or DEFAULT_THREADS  # not torch's count now: an engine changes it
+        self.num_threads = config.num_threads or len(allowed_cpus())
+        self.cores = CoreShare(self.num_threads, adapt=config.adapt_threads)  # fewer while others use the cores
         torch.set_num_threads(self.num_threads)
         self.small_step_threads = config.small_step_threads or self.num_threads
         self.config = config
@@ -221,7 +222,7 @@ class LLMEngine:
         stop = outranked is not None and best > 0 and masks is None and not any(item.draft for item in batch.seqs)
         join = arrivals is not None and masks is None and self.speculator is None
         small = not batch.prefills and len(batch.decodes) <= self.config.small_step_seqs
-        threads = self.small_step_threads if small else self.num_threads
+        threads = min(self.small_step_threads if small else self.num_threads, self.cores.threads())
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
 

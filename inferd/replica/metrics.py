@@ -25,6 +25,9 @@ class EngineStatsLike(Protocol):
     prefix_cache_hit_tokens: int
     prefix_cache_evictions: int
     num_nested_prefills: int
+    threads: int
+    others_cores: float
+    num_thread_changes: int
 
 
 StatsSource = Callable[[], EngineStatsLike]
@@ -56,6 +59,12 @@ class EngineCollector:
                                   s.prefix_cache_evictions)
         yield CounterMetricFamily("inferd_nested_prefills", "Prompts that arrived while a step ran and were "
                                   "prefilled between its layers.", s.num_nested_prefills)
+        yield GaugeMetricFamily("inferd_engine_threads", "Threads a step runs on now: fewer while other processes "
+                                "use this replica's cores.", s.threads)
+        yield GaugeMetricFamily("inferd_cpu_others_cores", "Cores of this replica's set that other processes used "
+                                "in the last measured window.", s.others_cores)
+        yield CounterMetricFamily("inferd_engine_thread_changes", "Times the step's thread count changed with the "
+                                  "cores other processes use.", s.num_thread_changes)
         spec = getattr(s, "spec", None)
         if spec is not None:
             yield from _spec_metrics(spec)

@@ -1,0 +1,98 @@
+"""The cores this process gets: those its CPU affinity allows, less what other processes used of them lately.
+
+A parallel loop runs as fast as its slowest thread. When another process takes one of the cores, the thread
+there waits for its time slice at every loop's end, and a step of a few hundred loops takes 10-100x its time;
+on fewer threads than cores the same step keeps its speed. So a step runs on the cores that are free:
+
+    others_cores = (busy time of the allowed cores - this process's own CPU time) / wall time, over a window
+
+The busy time is /proc/stat's (user, nice, system, irq, softirq and steal: what a VM's host gave to others);
+this process's own is its CPU clock, so its threads' spinning and its HTTP loop never count as others'. The
+threads follow `cores - others_cores` with a dead band (threads_for), so they do not flap at its edge.
+"""
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+WINDOW_S = 0.5  # how often the share is measured again (a read of /proc/stat: tens of microseconds)
+# A thread more than the free cores' count pays while others use at most BEARABLE of the core it shares
+# (benchmarks/neighbours.py); the band of +-BAND around it keeps the count from flapping at its edge.
+BEARABLE, BAND = 0.3, 0.05
+_BUSY = (0, 1, 2, 5, 6, 7)  # /proc/stat cpuN's user nice system [idle iowait] irq softirq steal
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def allowed_cpus() -> list[int]:
+    """The cores this process may run on (its affinity, which the control plane sets: replica --cpus)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def busy_seconds(cpus: list[int]) -> float | None:
+    """The busy time of these cores since boot, from /proc/stat; None where it cannot be read."""
+    wanted = {f"cpu{c}" for c in cpus}
+    try:
+        with open("/proc/stat") as f:
+            lines = [line.split() for line in f if line.startswith("cpu")]
+    except OSError:
+        return None
+    ticks = sum(int(fields[1 + i]) for fields in lines if fields[0] in wanted for i in _BUSY if 1 + i < len(fields))
+    return ticks * _TICK_S
+
+
+@dataclass(slots=True)
+class Sample:
+    wall_s: float
+    busy_s: float  # the allowed cores' busy time (all processes)
+    own_s: float  # this process's CPU time
+
+
+def sample(cpus: list[int]) -> Sample | None:
+    busy = busy_seconds(cpus)
+    return None if busy is None else Sample(time.monotonic(), busy, time.process_time())
+
+
+class CoreShare:
+    """How many threads a parallel step should run on now: at most `most`, fewer while other processes use the
+    allowed cores. `threads()` is cheap to call every step: it measures again once a window has passed."""
+
+    def __init__(self, most: int, cpus: list[int] | None = None, adapt: bool = True,
+                 read: Callable[[list[int]], Sample | None] = sample, window_s: float = WINDOW_S):
+        self.cpus = cpus or allowed_cpus()
+        self.most = max(1, most)
+        self.current = self.most
+        self.others_cores = 0.0  # what the last window measured
+        self.num_changes = 0
+        self._read, self._window_s = read, window_s
+        self._last = read(self.cpus) if adapt else None  # None: fixed at `most`
+        self._due_s = time.monotonic() + window_s
+
+    def threads(self) -> int:
+        if self._last is not None and time.monotonic() >= self._due_s:
+            self._due_s = time.monotonic() + self._window_s
+            if (now := self._read(self.cpus)) is not None:
+                self.observe(now)
+        return self.current
+
+    def observe(self, now: Sample) -> None:
+        """A new reading: what others used of the cores since the last one decides the threads."""
+        before, self._last = self._last, now
+        wall = now.wall_s - before.wall_s
+        if wall <= 0:
+            return
+        self.others_cores = max(0.0, (now.busy_s - before.busy_s) - (now.own_s - before.own_s)) / wall
+        chosen = threads_for(len(self.cpus), self.others_cores, self.current, self.most)
+        if chosen != self.current:
+            self.current, self.num_changes = chosen, self.num_changes + 1
+
+
+def threads_for(cores: int, others_cores: float, current: int, most: int) -> int:
+    """The threads for `cores` allowed cores of which others use `others_cores`, coming from `current`: down
+    once others take more than BEARABLE + BAND of the last thread's core, up once less than BEARABLE - BAND."""
+    free = cores - others_cores
+    if (down := math.floor(free + BEARABLE + BAND)) < current:
+        current = down
+    elif (up := math.floor(free + BEARABLE - BAND)) > current:
+        current = up
+    return max(1, min(most, current))
