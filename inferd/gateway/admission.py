@@ -8,12 +8,15 @@ and never holds a slot against an interactive one: interactive requests count on
 sequences first. Inside a class, tenants share dispatch by weighted fair
 queueing over reserved tokens (start-time fair queueing), so one tenant's burst waits behind its own
 requests, not in front of everyone else's. A full queue answers at once; a request whose deadline passes
-while it waits is dropped before it starts.
+while it waits is dropped before it starts. A request that passed the check before planning holds its place
+(hold) until it asks for admission, so that a burst's later requests are refused before the earlier ones'
+prompts are tokenized.
 """
 import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inferd.protocol.errors import DeadlineExceeded
@@ -74,6 +77,7 @@ class AdmissionQueue:
         self._queued_tokens = 0
         self._service_s = 1.0  # moving average of a request's time in flight, for Retry-After
         self._starved = asyncio.Event()  # a request waits and nothing may run (capacity 0)
+        self._held: dict[tuple[str, str], int] = {}  # (class, tenant) -> requests being planned (hold)
 
     async def admit(self, ticket: Ticket) -> float:
         """Wait for a slot; returns the seconds waited. Raises QueueRejected or DeadlineExceeded."""
@@ -138,15 +142,37 @@ class AdmissionQueue:
 
     def check_room(self, ticket: Ticket) -> None:
         """Raises QueueRejected if the ticket cannot wait now; admit asks this first, and the lifecycle asks it
-        before planning (with tokens=0) so that a full queue refuses before the prompt is tokenized."""
-        cfg = self.config
-        if self._length >= cfg.max_queue_len:
+        before planning (with tokens=0) so that a full queue refuses before the prompt is tokenized. Requests
+        being planned (hold) count as waiting, less those that the free slots would start at once."""
+        cfg, cls = self.config, ticket.priority_class
+        running = self.inflight_by_class[cls] if cls == PRIORITY_CLASSES[0] else self.inflight
+        free = max(self.max_inflight - running, 0)
+        held = max(sum(n for (c, _), n in self._held.items() if c == cls) - free, 0)
+        if self._length + held >= cfg.max_queue_len:
             raise QueueRejected("queue_full", self._retry_after_s())
         if self._queued_tokens + ticket.tokens > cfg.max_queued_tokens and self._length:
             raise QueueRejected("queued_tokens", self._retry_after_s())
-        mine = len(self._queues[ticket.priority_class].get(ticket.tenant_id, ()))
+        mine = len(self._queues[cls].get(ticket.tenant_id, ()))
+        mine += max(self._held.get((cls, ticket.tenant_id), 0) - free, 0)
         if mine >= max(1, math.floor(cfg.max_queue_len * ticket.queue_share)):
             raise QueueRejected("tenant_queue_share", self._retry_after_s())
+
+    def hold(self, ticket: Ticket) -> Callable[[], None]:
+        """Counts the ticket's request as waiting while it is planned; returns the release (called once it
+        asks admit, or ends before; a second call does nothing)."""
+        key = (ticket.priority_class, ticket.tenant_id)
+        self._held[key] = self._held.get(key, 0) + 1
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                if (n := self._held[key] - 1) > 0:
+                    self._held[key] = n
+                else:
+                    del self._held[key]
+        return release
 
     def _enqueue(self, ticket: Ticket) -> None:
         cls, key = ticket.priority_class, (ticket.priority_class, ticket.tenant_id)

@@ -16,7 +16,7 @@ known and its batch id: the same limits, admission, routing and records, priced 
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,6 +38,7 @@ from inferd.gateway.degrade import degrade
 from inferd.gateway.kinds import Operation
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.limits import Limiter, RateLimited, Reservation, ratelimit_headers, retry_after_header
+from inferd.gateway.plan_lane import PlanLane
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.usage import UsageRecord
 from inferd.protocol import headers
@@ -108,6 +109,7 @@ class Exchange:
     content: bytes = b""  # the client's body, as it came (a plan without a body of its own forwards it)
     batch_id: str | None = None  # a batch line's batch: priced at config.batch_price_multiplier
     finished: bool = False  # _finish ran (at a stream's end, before its [DONE], or in the finally)
+    unhold: Callable[[], None] = lambda: None  # its place held in the queue while it is planned (_refuse_early)
 
     def begin(self, plan: Plan, admission: Admission) -> Attempt:
         attempt = Attempt(len(self.attempts) + 1, plan, admission)
@@ -144,6 +146,7 @@ class RequestPath:
         self.tracer = tracer
         self.traced = not isinstance(tracer, trace.NoOpTracer)  # without an exporter, no span work at all
         self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self.lane = PlanLane()  # plans wait there, so that a later request's refusal never waits for them
 
     async def serve(self, request: Request, op: Operation, key: KeyPolicy | None = None,
                     batch_id: str | None = None) -> Response:
@@ -174,7 +177,7 @@ class RequestPath:
             x.priority_class = priority_class(x.key, request)
             x.deadline_s = deadline_s(x.key, request, x.arrival_s)
             await self._refuse_early(x, asked)
-            deployment, plan = self._plan(x, op, asked, body, raw)
+            deployment, plan = await self.lane.run(lambda: self._plan(x, op, asked, body, raw))
             x.span.update_name(f"{op.name} {deployment.name}")
             x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
             async with cancelled_on_disconnect(request):
@@ -233,7 +236,8 @@ class RequestPath:
                 err = rate_limited(exc)
         if err is None and not d.fallbacks and d.degrader is None:
             try:
-                d.queue.check_room(self._ticket(x, 0))
+                d.queue.check_room(ticket := self._ticket(x, 0))
+                x.unhold = d.queue.hold(ticket)
             except QueueRejected as exc:
                 err = queue_rejected(exc)
         if err is not None:
@@ -322,6 +326,7 @@ class RequestPath:
                 return self._refuse(attempt, rate_limited(exc), "rejected")
             except ServiceUnavailable as exc:  # a budget's spend could not be read
                 return self._refuse(attempt, exc, "rejected")
+        x.unhold()
         with self._child("queue", x) as span:
             try:
                 a.queue_s = await d.queue.admit(self._ticket(x, plan.reserved_tokens))
@@ -403,6 +408,7 @@ class RequestPath:
         if x.finished:
             return
         x.finished = True
+        x.unhold()
         records = []
         with anyio.CancelScope(shield=True):  # a stream cancelled as its client left still settles (Redis: a call)
             for attempt, nxt in zip(x.attempts, [*x.attempts[1:], None]):

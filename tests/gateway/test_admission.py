@@ -116,3 +116,24 @@ async def test_cancelled_waiter_leaves_no_trace_and_admitted_one_releases():
     assert q.stats()["interactive"].length == 0
     q.release(0.01)
     assert q.inflight == 0 and first.done()
+
+
+async def test_requests_being_planned_hold_their_place():
+    """A burst: each request that passed the check before planning holds a place; once the free slots and the
+    tenant's share of the queue are held, the next is refused before any of them is admitted."""
+    q = AdmissionQueue(QueueConfig(max_inflight=2, max_queue_len=4))
+    releases = []
+    for _ in range(2 + 2):  # two would start at once, two may wait (a share of 0.5 of 4)
+        t = ticket("a", share=0.5)
+        q.check_room(t)
+        releases.append(q.hold(t))
+    with pytest.raises(QueueRejected) as refused:
+        q.check_room(ticket("a", share=0.5))
+    assert refused.value.reason == "tenant_queue_share"
+    q.check_room(ticket("b", share=0.5))  # another tenant still has room
+    releases[0]()
+    releases[0]()  # a second release does nothing
+    q.check_room(ticket("a", share=0.5))
+    for release in releases[1:]:
+        release()
+    assert not q._held
