@@ -80,7 +80,9 @@ def _arrival_options(g: argparse._ArgumentGroup) -> None:
 def _report_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--slo", default=None, help="e.g. ttft_ms=500,tpot_ms=50,e2e_ms=5000")
     g.add_argument("--slo-percentile", type=float, default=95.0, help="sweep: percentile the SLO is held at")
-    g.add_argument("--cost-per-hour", type=float, default=None, help="price of the deployment per hour")
+    g.add_argument("--usd-per-hour", "--cost-per-hour", dest="usd_per_hour", type=float, default=None,
+                   help="the serving machine's hardware price, USD per hour: cost per accepted result in USD "
+                   "(without it, in seconds of the machine)")
     g.add_argument("--max-client-lag-ms", type=float, default=50.0,
                    help="refuse the run when the client's event-loop lag p99 is above this")
     g.add_argument("--metrics-poll-s", type=float, default=1.0, help="gauge polling interval")

@@ -104,7 +104,7 @@ async def _run(client: httpx.AsyncClient, args: argparse.Namespace, card: ModelC
     result = await run_load(client, base, requests)
     check_replies(result.records, requests)
     check_lag(result.client_lag, base.max_client_lag_ms)
-    report = run_report(result, card.as_dict(), settings(args), slo, args.cost_per_hour)
+    report = run_report(result, card.as_dict(), settings(args), slo, args.usd_per_hour)
     plot = None if args.no_html else PlotInput(result.records, (result.server or {}).get("gauges", []))
     _written(write_report(report, sample_rows(result.records, result.offered_rate_per_s), args.out, plot))
     return 0
@@ -117,7 +117,7 @@ async def _sweep(client: httpx.AsyncClient, args: argparse.Namespace, card: Mode
     config = SweepConfig(slo, args.rates, args.start_rate, args.rate_factor, args.max_steps, args.bisect_steps,
                          args.max_failure_ratio)
     result = await sweep(client, base, config, load.requests_for)
-    report = sweep_report(result, config, card.as_dict(), settings(args), args.cost_per_hour)
+    report = sweep_report(result, config, card.as_dict(), settings(args), args.usd_per_hour)
     chosen = [p for p in result.points if p.rate_per_s == result.capacity_rate_per_s] or result.points[:1]
     plot = None if args.no_html else PlotInput(chosen[0].result.records,
                                                 (chosen[0].result.server or {}).get("gauges", []))

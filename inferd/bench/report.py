@@ -20,9 +20,9 @@ class PlotInput:
 
 # JSON documents
 
-def run_section(run: RunResult, slo: SLO, cost_per_hour: float | None) -> dict:
+def run_section(run: RunResult, slo: SLO, usd_per_hour: float | None) -> dict:
     return {"offered_rate_per_s": run.offered_rate_per_s,
-            "summary": summarize(run.records, run.duration_s, slo, cost_per_hour),
+            "summary": summarize(run.records, run.duration_s, slo, usd_per_hour),
             "server": run.server, "client_lag": run.client_lag}
 
 
@@ -32,14 +32,14 @@ def header(kind: str, target: dict, settings: dict, slo: SLO) -> dict:
             "target": target, "settings": settings, "slo": asdict(slo), "definitions": DEFINITIONS}
 
 
-def run_report(run: RunResult, target: dict, settings: dict, slo: SLO, cost_per_hour: float | None) -> dict:
-    return header("run", target, settings, slo) | run_section(run, slo, cost_per_hour)
+def run_report(run: RunResult, target: dict, settings: dict, slo: SLO, usd_per_hour: float | None) -> dict:
+    return header("run", target, settings, slo) | run_section(run, slo, usd_per_hour)
 
 
 def sweep_report(result: SweepResult, config: SweepConfig, target: dict, settings: dict,
-                 cost_per_hour: float | None) -> dict:
+                 usd_per_hour: float | None) -> dict:
     points = [{"rate_per_s": p.rate_per_s, "slo_holds": p.holds, "refused": p.refused}
-              | run_section(p.result, config.slo, cost_per_hour) for p in result.points]
+              | run_section(p.result, config.slo, usd_per_hour) for p in result.points]
     capacity = {"rate_per_s": result.capacity_rate_per_s, "slo_percentile": config.slo.percentile,
                 "max_failure_ratio": config.max_failure_ratio, "verdict": result.verdict()}
     return header("sweep", target, settings, config.slo) | {"capacity": capacity, "points": points}
@@ -93,9 +93,19 @@ def run_lines(section: dict) -> list[str]:
         f"{_n(t['output_tokens_per_s'])} output tokens/s, {_n(t['input_tokens_per_s'])} input tokens/s",
         f"- goodput: {_n(g['goodput_per_s'], 3)} accepted results/s ({g['met_slo']} requests met the SLO"
         + (f", {g['passed_check']} of {g['checked']} passed the quality check" if "checked" in g else "")
-        + f", {g['accepted']} accepted); cost per accepted result: {_n(g['cost_per_accepted_result'], 5)}",
+        + f", {g['accepted']} accepted); cost per accepted result: {cost_text(g)}",
         f"- client lag: p99 {_n(lag['p99_ms'])} ms, max {_n(lag['max_ms'])} ms (bound {lag['bound_ms']:g} ms at p99)"]
     return lines + server_lines(server)
+
+
+def cost_text(g: dict) -> str:
+    """Always a cost: the serving machine's seconds per accepted result, in USD too when its price is known."""
+    if not g["accepted"]:
+        return "none (no result accepted)"
+    machine = f"{_n(g['machine_s_per_accepted_result'], 3)} s of the serving machine"
+    if g.get("cost_per_accepted_result") is None:
+        return machine + " (no USD price: pass --usd-per-hour, the machine's hardware price per hour)"
+    return f"{_n(g['cost_per_accepted_result'], 6)} USD ({machine} at {g['usd_per_hour']:g} USD/h)"
 
 
 def server_lines(server: dict | None) -> list[str]:

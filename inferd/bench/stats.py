@@ -18,8 +18,11 @@ DEFINITIONS = {
     "throughput": "per second of the measured wall time: first send → last request ended",
     "goodput_per_s": "completed requests meeting every given SLO (with --quality-set: and passing the item's "
                      "check), per second",
-    "cost_per_accepted_result": "cost of the measured wall time / requests meeting every SLO; "
-                                "failed, rejected and cancelled attempts count in the cost, not in the divisor",
+    "machine_s_per_accepted_result": "the measured wall time / accepted results: seconds of the serving machine "
+                                     "each accepted result took; failed, rejected and cancelled attempts count in "
+                                     "the time, not in the divisor",
+    "cost_per_accepted_result": "USD: --usd-per-hour (the serving machine's hardware price) × "
+                                "machine_s_per_accepted_result / 3600; none without a price",
     "excluded": "rejected (429/503), failed (by error type), cancelled and timed-out requests are counted "
                 "apart and never enter latency figures",
 }
@@ -116,25 +119,27 @@ def throughput(records: list[RequestRecord], duration_s: float) -> dict[str, flo
             "input_tokens_per_s": sum(r.input_tokens for r in done) * per_s}
 
 
-def goodput(records: list[RequestRecord], duration_s: float, slo: SLO, cost_per_hour: float | None) -> dict:
-    """Accepted results: met every SLO and, where the request had a quality check, passed it."""
+def goodput(records: list[RequestRecord], duration_s: float, slo: SLO, usd_per_hour: float | None) -> dict:
+    """Accepted results: met every SLO and, where the request had a quality check, passed it. Their cost: the
+    machine's time each took, and in USD when the machine's price per hour is given."""
     good = sum(slo.met_by(r) and r.passed_check is not False for r in records)
     checked = [r for r in records if r.passed_check is not None]
-    cost = None if cost_per_hour is None else cost_per_hour * duration_s / 3600
+    cost = None if usd_per_hour is None else usd_per_hour * duration_s / 3600
     out = {"met_slo": sum(slo.met_by(r) for r in records), "accepted": good,
            "goodput_per_s": good / duration_s if duration_s > 0 else 0.0,
+           "machine_s_per_accepted_result": duration_s / good if good else None, "usd_per_hour": usd_per_hour,
            "run_cost": cost, "cost_per_accepted_result": cost / good if cost is not None and good else None}
     return out | ({"checked": len(checked), "passed_check": sum(r.passed_check for r in checked)} if checked else {})
 
 
-def summarize(records: list[RequestRecord], duration_s: float, slo: SLO, cost_per_hour: float | None) -> dict:
+def summarize(records: list[RequestRecord], duration_s: float, slo: SLO, usd_per_hour: float | None) -> dict:
     return {"counts": counts(records),
             "tokens": {"input_tokens_sent": sum(r.input_tokens for r in records),
                        "output_tokens_completed": sum(r.output_tokens for r in records if r.outcome == "completed"),
                        "output_chunks_cancelled": sum(len(r.chunk_s) for r in records if r.outcome == "cancelled")},
             "latency": {k: asdict(v) for k, v in latencies(records).items()},
             "throughput": throughput(records, duration_s),
-            "goodput": goodput(records, duration_s, slo, cost_per_hour)}
+            "goodput": goodput(records, duration_s, slo, usd_per_hour)}
 
 
 def slo_holds(records: list[RequestRecord], slo: SLO, max_failure_ratio: float) -> bool:

@@ -39,7 +39,7 @@ def test_report_counts_equal_server_counters(server, tmp_path):
     before = parse_metrics(httpx.get(f"{server}/metrics").text)
     done = bench(server, tmp_path / "run", "--rate", "6", "--warmup-requests", "0",
                  "--cancel-fraction", str(CANCELLING / NUM_REQUESTS), "--slo", "ttft_ms=60000",
-                 "--cost-per-hour", "2", "--output-tokens", str(COUNTED_OUTPUT_TOKENS))
+                 "--usd-per-hour", "2", "--output-tokens", str(COUNTED_OUTPUT_TOKENS))
     assert done.returncode == 0, done.stderr[-3000:]
     after = parse_metrics(httpx.get(f"{server}/metrics").text)
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
@@ -106,7 +106,7 @@ def test_a_quality_set_workload_counts_only_checked_results_as_accepted(server, 
     items (evals/results/), so 3 requests meet the SLO and 1 is an accepted result."""
     done = bench(server, tmp_path / "q", "--quality-set", str(ROOT / "evals" / "docqa-v1"), "--num-requests", "3",
                  "--arrival", "closed", "--concurrency", "1", "--warmup-requests", "0",
-                 "--slo", "e2e_ms=120000", "--cost-per-hour", "2", "--no-html")
+                 "--slo", "e2e_ms=120000", "--usd-per-hour", "2", "--no-html")
     assert done.returncode == 0, done.stderr[-3000:]
     g = json.loads((tmp_path / "q.json").read_text())["summary"]["goodput"]
     assert (g["met_slo"], g["checked"], g["passed_check"], g["accepted"]) == (3, 3, 1, 1), g

@@ -41,6 +41,24 @@ def test_run_report_files(tmp_path):
     assert paths[3].read_text().count("data:image/png;base64,") == 4
 
 
+def test_the_report_always_states_cost_per_accepted_result(tmp_path):
+    """In USD with the machine's price (--usd-per-hour), else in seconds of the machine, naming the flag."""
+    from inferd.bench.cli import add_bench_parser
+    parser = __import__("argparse").ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["bench", "run", "--usd-per-hour", "3.6"]).usd_per_hour == 3.6
+    assert parser.parse_args(["bench", "run", "--cost-per-hour", "2"]).usd_per_hour == 2.0  # its older name
+
+    def line(usd_per_hour):
+        report = run_report(fake_run(2.0), TARGET, {}, parse_slo("ttft_ms=500"), usd_per_hour)
+        md = write_report(report, [], tmp_path / "r", None)[2].read_text()
+        return next(x for x in md.splitlines() if x.startswith("- goodput:")).split("cost per accepted result: ")[1]
+    # 9 of 10 requests accepted over 5 s
+    assert line(3.6) == "0.000556 USD (0.556 s of the serving machine at 3.6 USD/h)"
+    assert line(None) == ("0.556 s of the serving machine (no USD price: pass --usd-per-hour, the machine's "
+                          "hardware price per hour)")
+
+
 def test_sweep_ramps_then_bisects(monkeypatch, tmp_path):
     tried = []
 

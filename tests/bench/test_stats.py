@@ -71,10 +71,13 @@ def test_goodput_and_cost_per_accepted_result():
     slow_tokens = [record(4, [0.1, 0.6], 0.6)]  # tpot 500 ms
     failed = [record(5, [], 0.0, outcome="failed")]
     slo = parse_slo("ttft_ms=500,tpot_ms=200")
-    g = goodput(fast + slow_first + slow_tokens + failed, duration_s=10.0, slo=slo, cost_per_hour=36.0)
+    g = goodput(fast + slow_first + slow_tokens + failed, duration_s=10.0, slo=slo, usd_per_hour=36.0)
     assert g["met_slo"] == 3 and g["goodput_per_s"] == pytest.approx(0.3)
     assert g["run_cost"] == pytest.approx(0.1) and g["cost_per_accepted_result"] == pytest.approx(0.1 / 3)
+    assert g["machine_s_per_accepted_result"] == pytest.approx(10.0 / 3)
     assert goodput(failed, 10.0, slo, 36.0)["cost_per_accepted_result"] is None
+    unpriced = goodput(fast, 10.0, slo, None)
+    assert unpriced["cost_per_accepted_result"] is None and unpriced["machine_s_per_accepted_result"] == 10.0 / 3
 
 
 def test_e2e_slo_and_no_slo():
