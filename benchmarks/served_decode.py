@@ -231,9 +231,10 @@ def serve_spec(formats: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def start_serve(work: Path, formats: list[str]) -> tuple[subprocess.Popen, str]:
-    """`inferd serve` with one deployment per format, its files and log in work; returns it once ready, and its URL."""
-    (work / "deploy.yaml").write_text(serve_spec(formats))
+def start_serve(work: Path, formats: list[str], spec: str | None = None) -> tuple[subprocess.Popen, str]:
+    """`inferd serve` with one deployment per format (or `spec`), its files and log in work; returns it once ready,
+    and its URL."""
+    (work / "deploy.yaml").write_text(spec or serve_spec(formats))
     port = free_port()
     serve = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", "--config", str(work / "deploy.yaml"),
                               "--api-key", KEY, "--port", str(port), "--db", f"sqlite:///{work / 'inferd.db'}",

@@ -50,7 +50,7 @@ class EmbeddingRuntime:
 
     def __init__(self, files: EmbeddingModelFiles, config: EmbeddingConfig, served_model_name: str | None = None,
                  on_batch: Callable[[BatchReport], None] | None = None):
-        self.cores = CoreShare(config.num_threads or len(allowed_cpus()), adapt=config.adapt_threads)
+        self.cores = CoreShare.of_this_process(config.num_threads or len(allowed_cpus()), config.adapt_threads)
         self.config, self.dtype = config, resolve_dtype(config.dtype)
         self.tokenizer, self.pooling, self.normalize = files.tokenizer, files.pooling, files.normalize
         self.encoder = BertEncoder(files.config)

@@ -68,7 +68,7 @@ class LLMEngine:
 
     def __init__(self, model: LoadedModel, config: EngineConfig):
         self.num_threads = config.num_threads or len(allowed_cpus())
-        self.cores = CoreShare(self.num_threads, adapt=config.adapt_threads)  # fewer while others use the cores
+        self.cores = CoreShare.of_this_process(self.num_threads, config.adapt_threads)  # fewer while others use them
         torch.set_num_threads(self.num_threads)
         self.small_step_threads = config.small_step_threads or self.num_threads
         self.config = config

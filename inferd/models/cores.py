@@ -12,11 +12,11 @@ threads follow `cores - others_cores` with a dead band (threads_for), so they do
 """
 import math
 import os
+import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
-WINDOW_S = 0.5  # how often the share is measured again (a read of /proc/stat: tens of microseconds)
+WINDOW_S = 0.5  # how often others' use is measured (a read of /proc/stat: tens of microseconds)
 # A thread more than the free cores' count pays while others use at most BEARABLE of the core it shares
 # (benchmarks/neighbours.py); the band of +-BAND around it keeps the count from flapping at its edge.
 BEARABLE, BAND = 0.3, 0.05
@@ -25,7 +25,7 @@ _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def allowed_cpus() -> list[int]:
-    """The cores this process may run on (its affinity, which the control plane sets: replica --cpus)."""
+    """The cores this process may run on (its affinity, which the control plane sets: control/cpus.py)."""
     return sorted(os.sched_getaffinity(0))
 
 
@@ -53,38 +53,69 @@ def sample(cpus: list[int]) -> Sample | None:
     return None if busy is None else Sample(time.monotonic(), busy, time.process_time())
 
 
+def others_cores(before: Sample, now: Sample) -> float:
+    """The cores other processes used between two samples."""
+    wall = now.wall_s - before.wall_s
+    return max(0.0, (now.busy_s - before.busy_s) - (now.own_s - before.own_s)) / wall if wall > 0 else 0.0
+
+
+class Monitor:
+    """What other processes use of a set of cores, measured every window by a thread of its own (so that the
+    figure is fresh when a step starts after an idle spell). One a process per set of cores: monitor()."""
+
+    def __init__(self, cpus: list[int], window_s: float = WINDOW_S):
+        self.cpus, self.window_s = cpus, window_s
+        self.others_cores = 0.0
+        self.windows = 0  # windows measured so far: a reader sees a new figure when this moves
+        threading.Thread(target=self._run, name="inferd-cores", daemon=True).start()
+
+    def _run(self) -> None:
+        last = sample(self.cpus)
+        while last is not None:
+            time.sleep(self.window_s)
+            if (now := sample(self.cpus)) is None:
+                return
+            self.others_cores, last = others_cores(last, now), now
+            self.windows += 1
+
+
+_monitors: dict[tuple[int, ...], Monitor] = {}
+_monitors_lock = threading.Lock()
+
+
+def monitor(cpus: list[int]) -> Monitor:
+    with _monitors_lock:
+        if (m := _monitors.get(tuple(cpus))) is None:
+            m = _monitors[tuple(cpus)] = Monitor(cpus)
+        return m
+
+
 class CoreShare:
     """How many threads a parallel step should run on now: at most `most`, fewer while other processes use the
-    allowed cores. `threads()` is cheap to call every step: it measures again once a window has passed."""
+    allowed cores (a Monitor's figure, or None: always `most`). `threads()` is cheap to call every step."""
 
-    def __init__(self, most: int, cpus: list[int] | None = None, adapt: bool = True,
-                 read: Callable[[list[int]], Sample | None] = sample, window_s: float = WINDOW_S):
-        self.cpus = cpus or allowed_cpus()
+    def __init__(self, most: int, source: Monitor | None = None):
         self.most = max(1, most)
+        self.cores = len(source.cpus) if source is not None else self.most
         self.current = self.most
-        self.others_cores = 0.0  # what the last window measured
         self.num_changes = 0
-        self._read, self._window_s = read, window_s
-        self._last = read(self.cpus) if adapt else None  # None: fixed at `most`
-        self._due_s = time.monotonic() + window_s
+        self._source, self._seen = source, 0
+
+    @classmethod
+    def of_this_process(cls, most: int, adapt: bool = True) -> "CoreShare":
+        return cls(most, monitor(allowed_cpus()) if adapt else None)
+
+    @property
+    def others_cores(self) -> float:
+        return self._source.others_cores if self._source is not None else 0.0
 
     def threads(self) -> int:
-        if self._last is not None and time.monotonic() >= self._due_s:
-            self._due_s = time.monotonic() + self._window_s
-            if (now := self._read(self.cpus)) is not None:
-                self.observe(now)
+        if self._source is not None and self._source.windows != self._seen:
+            self._seen = self._source.windows
+            chosen = threads_for(self.cores, self._source.others_cores, self.current, self.most)
+            if chosen != self.current:
+                self.current, self.num_changes = chosen, self.num_changes + 1
         return self.current
-
-    def observe(self, now: Sample) -> None:
-        """A new reading: what others used of the cores since the last one decides the threads."""
-        before, self._last = self._last, now
-        wall = now.wall_s - before.wall_s
-        if wall <= 0:
-            return
-        self.others_cores = max(0.0, (now.busy_s - before.busy_s) - (now.own_s - before.own_s)) / wall
-        chosen = threads_for(len(self.cpus), self.others_cores, self.current, self.most)
-        if chosen != self.current:
-            self.current, self.num_changes = chosen, self.num_changes + 1
 
 
 def threads_for(cores: int, others_cores: float, current: int, most: int) -> int:

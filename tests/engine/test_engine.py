@@ -215,18 +215,20 @@ def test_small_decode_steps_can_leave_a_core_and_the_others_use_all(monkeypatch)
 def test_steps_run_on_the_cores_left_by_other_processes():
     """Under an injected contention signal (others use 0.9 of a core of two) a step runs on one thread, the
     same tokens as on two; once the others leave, on two again."""
-    from inferd.models.cores import CoreShare, Sample
+    from inferd.models.cores import CoreShare
+    from tests.models.test_cores import Signal
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     alone, _, _ = run(make_engine(num_threads=2), {"a": (prompts(1)[0], params)})
     engine = make_engine(num_threads=2)
-    engine.cores = CoreShare(2, cpus=[0, 1], read=lambda cpus: Sample(0.0, 0.0, 0.0), window_s=3600)
-    engine.cores.observe(Sample(1.0, 1.8, 0.9))
+    signal = Signal([0, 1])
+    engine.cores = CoreShare(2, signal)
+    signal.measured(0.9)
     seen = []
     engine.runner.run = (lambda run_step: lambda *a: seen.append(torch.get_num_threads()) or run_step(*a))(
         engine.runner.run)
     beside, _, _ = run(engine, {"a": (prompts(1)[0], params)})
     assert beside == alone and set(seen) == {1}
-    engine.cores.observe(Sample(2.0, 2.85, 1.8))  # others used 0.05 of a core
+    signal.measured(0.05)
     seen.clear()
     run(engine, {"b": (prompts(1)[0], params)})
     assert set(seen) == {2}

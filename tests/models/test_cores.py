@@ -4,10 +4,11 @@ beside a real busy process."""
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 
-from inferd.models.cores import CoreShare, Sample, allowed_cpus, sample, threads_for
+from inferd.models.cores import CoreShare, Monitor, Sample, allowed_cpus, others_cores, threads_for
 
 
 @pytest.mark.parametrize("cores, others, current, most, expected", [
@@ -28,56 +29,55 @@ def test_threads_follow_the_free_cores(cores, others, current, most, expected):
     assert threads_for(cores, others, current, most) == expected
 
 
-def readings(*steps: tuple[float, float, float]):
-    """A read function that returns (wall, busy, own) seconds in turn."""
-    it = iter(steps)
-    return lambda cpus: Sample(*next(it))
+@dataclass
+class Signal:
+    """An injected Monitor: what others use of `cpus`, and how many windows were measured."""
+    cpus: list[int]
+    others_cores: float = 0.0
+    windows: int = 0
+
+    def measured(self, others_cores: float) -> None:
+        self.others_cores, self.windows = others_cores, self.windows + 1
+
+
+def test_threads_follow_the_signal_once_a_window():
+    signal = Signal([0, 1])
+    share = CoreShare(2, signal)
+    assert share.threads() == 2
+    signal.measured(0.7)  # what a busy process gets beside two threads that spin
+    assert share.threads() == 1 and share.num_changes == 1
+    signal.others_cores = 0.0  # not a new window: nothing is decided
+    assert share.threads() == 1
+    signal.measured(0.05)
+    assert share.threads() == 2 and share.num_changes == 2
+
+
+def test_a_fixed_share_stays():
+    share = CoreShare.of_this_process(2, adapt=False)
+    assert share.threads() == 2 and share.others_cores == 0.0
 
 
 def test_others_are_the_busy_time_less_this_process():
-    share = CoreShare(2, cpus=[0, 1], read=readings((0, 0, 0)))
-    share.observe(Sample(1.0, 1.6, 0.9))  # the cores were busy 1.6 s of which 0.9 s were ours
-    assert share.others_cores == pytest.approx(0.7)
-    assert share.current == 1 and share.num_changes == 1
-    share.observe(Sample(2.0, 2.6, 1.85))  # others used 0.05 of a core: all cores again
-    assert share.others_cores == pytest.approx(0.05)
-    assert share.current == 2 and share.num_changes == 2
-
-
-def test_a_fixed_share_never_reads():
-    share = CoreShare(2, cpus=[0, 1], adapt=False, read=lambda cpus: pytest.fail("read"))
-    assert share.threads() == 2
-
-
-def test_it_measures_once_a_window():
-    calls = []
-
-    def read(cpus):
-        calls.append(time.monotonic())
-        return Sample(time.monotonic(), 0.0, 0.0)
-    share = CoreShare(2, cpus=[0, 1], read=read, window_s=0.05)
-    for _ in range(1000):
-        share.threads()
-    time.sleep(0.06)
-    share.threads()
-    assert len(calls) == 2  # at start and once the window passed
+    assert others_cores(Sample(0, 0, 0), Sample(1.0, 1.6, 0.9)) == pytest.approx(0.7)
+    assert others_cores(Sample(0, 0, 0), Sample(2.0, 0.1, 0.3)) == 0.0  # ticks lag the process clock
 
 
 def test_a_busy_process_shows_as_others():
-    """The signal on this machine: a process that spins on one of our cores is counted as others' work, while
-    this process sleeps."""
+    """The signal on this machine: a process that spins is counted as others' work while this one sleeps, by
+    the monitor's own thread, and a share of all the cores goes down a thread."""
     cpus = allowed_cpus()
+    watch = Monitor(cpus, window_s=0.25)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
+        share = CoreShare(len(cpus), watch)
         time.sleep(0.3)
-        before = sample(cpus)
-        time.sleep(1.0)
-        after = sample(cpus)
+        start = watch.windows
+        deadline = time.monotonic() + 10
+        while watch.windows < start + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watch.others_cores >= 0.5
+        if len(cpus) == 2:
+            assert share.threads() == 1
     finally:
         busy.kill()
         busy.wait()
-    share = CoreShare(len(cpus), cpus=cpus, read=lambda c: before)
-    share.observe(after)
-    assert share.others_cores >= 0.5
-    if len(cpus) == 2:
-        assert share.current == 1
