@@ -42,8 +42,9 @@ from inferd.gateway.plan_lane import PlanLane
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.usage import UsageRecord
 from inferd.protocol import headers
-from inferd.protocol.errors import (APIError, DeadlineExceeded, DeadlineUnmeetable, InvalidRequest, ModelNotFound,
-                                    Overloaded, PermissionDenied, ServiceUnavailable, to_api_error)
+from inferd.protocol.errors import (APIError, ClientClosedRequest, DeadlineExceeded, DeadlineUnmeetable,
+                                    InvalidRequest, ModelNotFound, Overloaded, PermissionDenied, ServiceUnavailable,
+                                    to_api_error)
 from inferd.protocol.http import cancelled_on_disconnect, read_body
 from inferd.protocol.sse import SSE_DONE, SSEResponse
 from inferd.telemetry.gateway_metrics import GatewayMetrics
@@ -414,15 +415,14 @@ class RequestPath:
             for attempt, nxt in zip(x.attempts, [*x.attempts[1:], None]):
                 attempt.leave_upstream()
                 records.append(await self._settle(x, attempt, nxt is None or nxt.admission is not attempt.admission))
+        refusal = None if x.attempts else _refusal(x.refusal)
         if not records and x.key is not None:
-            records.append(self._refusal_record(x))
+            records.append(self._refusal_record(x, refusal))
         for record in records:
             self.record(record)
-        if x.refusal is not None and not x.attempts:
-            err = to_api_error(x.refusal) if isinstance(x.refusal, Exception) else None
-            code = err.code if err else "client_closed_request"
-            self.metrics.rejected(code or "error")
-            x.span.set_attribute("error.type", code or "error")
+        if refusal is not None:
+            self.metrics.rejected(refusal.code or "error")
+            x.span.set_attribute("error.type", refusal.code or "error")
             x.span.set_status(trace.StatusCode.ERROR)
         elif records:
             _span_outcome(x.span, records[-1])
@@ -455,13 +455,11 @@ class RequestPath:
             cached_tokens=o.cached_tokens, completion_tokens=o.completion_tokens, queue_s=a.queue_s,
             ttft_s=o.ttft_s, tpot_s=o.tpot_s(e2e_s), cost_usd=cost, batch_id=x.batch_id)
 
-    def _refusal_record(self, x: Exchange) -> UsageRecord:
-        err = to_api_error(x.refusal) if isinstance(x.refusal, Exception) else None
+    def _refusal_record(self, x: Exchange, err: APIError) -> UsageRecord:
         return UsageRecord(
-            request_id=x.request_id, model=UNKNOWN_MODEL, status="rejected", http_status=err.status if err else 499,
+            request_id=x.request_id, model=UNKNOWN_MODEL, status="rejected", http_status=err.status,
             started_unix_s=x.started_unix_s, e2e_s=time.monotonic() - x.arrival_s, gateway_id=self.config.gateway_id,
-            tenant_id=x.key.tenant.id, key_id=x.key.id, error_code=err.code if err else "client_closed_request",
-            batch_id=x.batch_id)
+            tenant_id=x.key.tenant.id, key_id=x.key.id, error_code=err.code, batch_id=x.batch_id)
 
     def _child(self, name: str, x: Exchange):
         if not self.traced:
@@ -507,6 +505,11 @@ def _model_asked(request: Request, op: Operation, body) -> tuple[str | None, str
     if op.model_param is None:
         return body.model, None
     return request.path_params[op.model_param], request.path_params.get("version")
+
+
+def _refusal(exc: BaseException | None) -> APIError:
+    """Why a request ended before any attempt: the error it is answered with, else its client left (cancelled)."""
+    return to_api_error(exc) if isinstance(exc, Exception) else ClientClosedRequest("The client closed the connection.")
 
 
 def _json_bytes(body: dict) -> bytes:

@@ -104,12 +104,16 @@ async def read_json(request: Request, max_body_bytes: int) -> Any:
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    """The whole body; ClientClosedRequest if the client goes away before it has sent it."""
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise PayloadTooLarge(f"The request body is larger than {max_body_bytes} bytes.")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise PayloadTooLarge(f"The request body is larger than {max_body_bytes} bytes.")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientClosedRequest("The client closed the connection.") from None
     return b"".join(chunks)
 
 
