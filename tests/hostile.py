@@ -1,7 +1,8 @@
-"""Hostile requests for any route of the gateway, as Hypothesis strategies, and the properties every answer
-keeps: never a 5xx, and an error in the shape of the API it answers (OpenAI's `{"error": {...}}`, the Open
-Inference Protocol's `{"error": "..."}` under /v2). The routes come from the app itself, so a route added
-later is fuzzed without a change here.
+"""Hostile requests for any route of the gateway or a replica, as Hypothesis strategies, and the properties
+every answer keeps: never a 5xx, and an error in the shape of the API it answers (the Open Inference
+Protocol's `{"error": "..."}` on the app's /v2 routes, OpenAI's `{"error": {message, type, param, code}}`
+everywhere else, unknown routes included). The routes come from the app itself, so a route added later is
+fuzzed without a change here; unknown routes are drawn beside them.
 
 Clients that hang up (`hangups`, `hang_up`): at every stage of a request on a raw socket (mid-head, mid-body,
 after the body, mid-answer; on the WebSocket mid-head, mid-handshake, mid-frame, after a frame); what they
@@ -15,7 +16,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 from hypothesis import strategies as st
-from starlette.routing import Route
+from starlette.routing import Route, compile_path
 
 from inferd.protocol.policy import packb, unpackb
 
@@ -117,10 +118,17 @@ ASYNC_VALUES = ["respond-async", "respond-async, wait=5", "http://127.0.0.1:9/h"
                 "https://10.1.2.3/h", "ftp://1.1.1.1/x", "http://u:p@1.1.1.1/"]  # async jobs, webhook URLs
 
 
+unknown_endpoints = st.builds(  # paths no app routes (but by chance), some under known prefixes
+    lambda method, prefix, rest: Endpoint(method, prefix + rest), st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
+    st.sampled_from(["/", "/v1/", "/v2/", "/v2/models/{name}/", "/v2/health/", "/admin/", "/console/"]),
+    st.from_regex(r"[a-z0-9._~/-]{0,12}", fullmatch=True))
+
+
 def requests(eps: list[Endpoint], models: list[str], good_key: str) -> st.SearchStrategy[Hostile]:
     @st.composite
     def build(draw) -> Hostile:
-        ep = draw(st.sampled_from(eps))
+        known = st.sampled_from(eps)
+        ep = draw(st.one_of(known, known, known, unknown_endpoints))  # one in four unknown
         url = PARAM.sub(lambda m: quote(draw(st.sampled_from(models) | st.text(min_size=1, max_size=12)), safe=""),
                         ep.path)
         if draw(st.booleans()):
@@ -149,18 +157,21 @@ def send(client: httpx.Client, req: Hostile) -> httpx.Response:
     return client.request(req.endpoint.method, req.url, headers=req.headers, content=req.body)
 
 
-def check_answer(req: Hostile, r: httpx.Response) -> None:
-    """The properties: no 5xx; an error body in the shape of its API (the console's pages have their own)."""
+def check_answer(req: Hostile, r: httpx.Response, eps: list[Endpoint], server_errors: tuple[int, ...] = ()) -> None:
+    """The properties: no 5xx (but server_errors); an error body in the shape of its API, by the app's routes eps
+    (the console's pages have their own)."""
     what = f"{req.endpoint.method} {req.url} -> {r.status_code} {r.text[:300]!r}"
-    assert r.status_code < 500, what
-    if r.status_code < 400 or req.url.startswith("/console") or r.request.url.path.startswith("/console"):
+    assert r.status_code < 500 or r.status_code in server_errors, what
+    path = r.request.url.path  # as the server sees it: decoded
+    if r.status_code < 400 or path.startswith("/console"):
         return
     body = r.json()
-    if r.request.url.path == "/v2" or r.request.url.path.startswith("/v2/"):
-        assert isinstance(body, dict) and isinstance(body.get("error"), str), what
+    assert isinstance(body, dict) and list(body) == ["error"], what
+    if any(compile_path(e.path)[0].match(path) for e in eps if e.path.startswith("/v2")):  # the OIP's routes
+        assert isinstance(body["error"], str), what
     else:
-        assert isinstance(body, dict) and isinstance(body.get("error"), dict), what
-        assert isinstance(body["error"].get("message"), str) and "type" in body["error"], what
+        assert isinstance(body["error"], dict) and list(body["error"]) == ["message", "type", "param", "code"], what
+        assert isinstance(body["error"]["message"], str) and isinstance(body["error"]["type"], str), what
 
 
 # clients that hang up
@@ -276,7 +287,7 @@ def _read_frame(answer) -> tuple[int, bytes]:
 
 
 def _observation(frame: tuple[int, bytes]) -> bytes:
-    """An observation of zeros (a str key empty) after the policy's metadata frame; other bytes after a refusal (a close)."""
+    """An observation of zeros (a str key empty) after the policy's metadata frame; other bytes after a refusal."""
     opcode, payload = frame
     if opcode != 2:
         return b"\x80"

@@ -20,8 +20,8 @@ from inferd.embeddings.config import EmbeddingConfig
 from inferd.embeddings.metrics import EmbeddingMetrics
 from inferd.embeddings.runtime import EmbeddingRuntime
 from inferd.protocol import headers
-from inferd.protocol.errors import ModelNotFound, error_response
-from inferd.protocol.http import RequestContextMiddleware, read_json, unless_disconnected
+from inferd.protocol.errors import ModelNotFound
+from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_json, unless_disconnected
 from inferd.protocol.openai import EmbeddingRequest
 from inferd.replica.loading import in_passing_thread
 from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome, status_routes
@@ -101,11 +101,7 @@ def build_embedding_app(runtime: EmbeddingRuntime, metrics: EmbeddingMetrics, *,
     routes = EmbeddingRoutes(runtime, metrics, readiness).routes()
     return Starlette(routes=routes, lifespan=batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)),
                      middleware=[Middleware(RequestContextMiddleware, api_key=api_key)],
-                     exception_handlers={HTTPException: _http_exception})
-
-
-async def _http_exception(request: Request, exc: Exception) -> Response:
-    return error_response(exc)
+                     exception_handlers={HTTPException: http_exception_handler})
 
 
 async def _warm_up(runtime: EmbeddingRuntime) -> str:

@@ -1,7 +1,8 @@
 """What every route of gateway and replica shares: request id, API key, body reading, disconnects, errors.
 
-Errors take the shape of the API they answer: the Open Inference Protocol's (`{"error": "..."}`) under
-/v2/, OpenAI's everywhere else."""
+Errors take the shape of the API they answer: the Open Inference Protocol's (`{"error": "..."}`) on its
+paths (oip.PATHS), OpenAI's everywhere else, an unknown route under /v2/ included. Every app answers the
+router's own 404 and 405 (HTTPException) through http_exception_handler, in the same shape."""
 import asyncio
 import hmac
 import json
@@ -19,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from inferd.protocol.errors import (APIError, AuthenticationFailed, ClientClosedRequest, PayloadTooLarge,
                                     error_response, to_api_error)
 from inferd.protocol.headers import REQUEST_ID as REQUEST_ID_HEADER
-from inferd.protocol.oip import oip_error_response
+from inferd.protocol.oip import PATHS as OIP_PATHS, oip_error_response
 
 T = TypeVar("T")
 
@@ -79,11 +80,12 @@ def _request_id(raw: bytes) -> str:
 
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
+    """Every app's handler of HTTPException (the router's 404 and 405, which Starlette answers in plain text)."""
     return error_response_for(request.url.path, exc)
 
 
 def error_response_for(path: str, exc: BaseException, map_error=to_api_error) -> Response:
-    if path == "/v2" or path.startswith("/v2/"):
+    if OIP_PATHS.fullmatch(path):
         return oip_error_response(exc, map_error)
     return error_response(exc, map_error)
 

@@ -7,6 +7,7 @@ order; or one tensor per feature, named after it, shape [rows] or [rows, 1]. `da
 nested. JSON tensors only: the binary tensor extension is refused.
 """
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -23,6 +24,9 @@ DATATYPES = ("BOOL", *INT_TYPES, *FLOAT_TYPES)
 FEATURE_DATATYPES = {"bool": ("BOOL",), "int32": INT_TYPES, "int64": INT_TYPES,
                      "float32": FLOAT_TYPES + INT_TYPES, "float64": FLOAT_TYPES + INT_TYPES}
 MAX_BODY_BYTES = MAX_PREDICT_BODY_BYTES
+# the protocol's paths (server metadata, health, a model's metadata, readiness and inference): an error on one is
+# answered in the protocol's shape; any other path, under /v2/ or not, is no route of it (protocol/http.py)
+PATHS = re.compile(r"/v2(/health/(live|ready)|/models/[^/]+(/versions/[^/]+)?(/ready|/infer)?)?")
 
 
 class TensorInput(BaseModel):

@@ -6,8 +6,13 @@ cancels it; a client that trickles its headers or its body a byte at a time hold
 a body, a request in the app) forever, and httptools itself caps no header size. Here a request's head must
 arrive within HEADERS_TIMEOUT_S of the connection or of the previous answer, and its body within
 BODY_TIMEOUT_S of its head; past either the connection is closed (the app sees a disconnect). A head above
-MAX_HEAD_BYTES is answered 400. A WebSocket, once upgraded, is not this protocol's any more."""
+MAX_HEAD_BYTES is answered 400, like a request httptools cannot parse, in the error shape (uvicorn's own
+answer is plain text). A WebSocket, once upgraded, is not this protocol's any more."""
+import json
+
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from inferd.protocol.errors import InvalidRequest, error_body
 
 HEADERS_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 60.0  # a 200 MiB file upload needs 3.4 MiB/s
@@ -51,6 +56,14 @@ class ReadDeadlineProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if not self.transport.is_closing():
             self._arm(HEADERS_TIMEOUT_S)
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps(error_body(InvalidRequest(msg, code="invalid_http_request"))).encode()
+        defaults = [name + b": " + value for name, value in self.server_state.default_headers]
+        head = [b"HTTP/1.1 400 Bad Request", *defaults,
+                b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close"]
+        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        self.transport.close()
 
     def handle_websocket_upgrade(self) -> None:
         self._disarm()

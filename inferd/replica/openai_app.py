@@ -17,9 +17,8 @@ from starlette.types import Lifespan
 
 from inferd.engine.request import RequestOutput, SamplingParams
 from inferd.protocol import headers
-from inferd.protocol.errors import (DeadlineExceeded, InvalidRequest, ModelNotFound, ServiceUnavailable, error_body,
-                                    error_response)
-from inferd.protocol.http import RequestContextMiddleware, read_json, unless_disconnected
+from inferd.protocol.errors import DeadlineExceeded, InvalidRequest, ModelNotFound, ServiceUnavailable, error_body
+from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_json, unless_disconnected
 from inferd.protocol.openai import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingRequest,
                                     TokenizeRequest, detokenize_answer, tokenize_answer, tokenizer_info, usage_body)
 from inferd.protocol.sse import SSE_DONE, SSEResponse, sse_event
@@ -287,11 +286,7 @@ def create_app(backend: TextBackend, config: APIConfig, *, metrics: ServerMetric
     routes = OpenAIRoutes(backend, config, metrics).routes() + list(extra_routes)
     return Starlette(routes=routes, lifespan=lifespan,
                      middleware=[Middleware(RequestContextMiddleware, api_key=config.api_key, map_error=replica_error)],
-                     exception_handlers={HTTPException: _http_exception})
-
-
-async def _http_exception(request: Request, exc: Exception) -> Response:
-    return error_response(exc, replica_error)
+                     exception_handlers={HTTPException: http_exception_handler})
 
 
 async def _next_output(queue: asyncio.Queue, deadline_s: float | None) -> tuple:

@@ -47,7 +47,7 @@ def test_hostile_requests_in_process_get_no_5xx_and_the_api_error_shape(in_proce
     @FUZZ
     @given(requests(eps, ["m"], key) | requests(eps, ["m"], ADMIN_KEY))
     def one(req):
-        check_answer(req, send(client, req))
+        check_answer(req, send(client, req), eps)
     one()
 
 
@@ -64,12 +64,25 @@ def test_hostile_requests_to_the_real_server_get_no_5xx_and_the_api_error_shape(
         @FUZZ
         @given(requests(eps, models, SMOLLM2_KEY))
         def one(req):
-            check_answer(req, send(client, req))
+            check_answer(req, send(client, req), eps)
         one()
     with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
         r = client.get("/v1/models", headers={"authorization": f"Bearer {SMOLLM2_KEY}"})
         assert r.status_code == 200, r.text
 
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
+def test_an_unknown_route_answers_openais_error_shape_and_an_oip_route_the_oips(smollm2_server, method):
+    """Issue #53: /v2/nope answered {"error": "Not found."}; only the protocol's own routes answer its shape."""
+    url, _ = smollm2_server
+    for path in ["/nope", "/v1/nope", "/v2/nope", "/v2/models/x/nope", "/v2/health", "/console/nope"]:
+        r = httpx.request(method, f"{url}{path}")
+        assert r.status_code == 404 and r.json() == {"error": {"message": "Not found.", "param": None,
+                                                               "type": "invalid_request_error", "code": "not_found"}}, \
+            (path, r.text)
+    r = httpx.request(method, f"{url}/v2/health/live")  # without a key: 401 (or 405)
+    assert r.status_code in (401, 405) and isinstance(r.json()["error"], str), r.text
 
 
 # clients that hang up

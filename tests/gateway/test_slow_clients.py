@@ -1,11 +1,14 @@
 """Slow-loris clients (a request's head or body trickled a byte at a time) against the shared real server:
 they are disconnected at their deadline (protocol/slow_clients.py), and good traffic beside them keeps its
 latency. Good traffic and trickles are raw sockets, so nothing in a client library hides a stall."""
+import json
 import socket
 import statistics
 import threading
 import time
 from urllib.parse import urlsplit
+
+import pytest
 
 from inferd.protocol.slow_clients import HEADERS_TIMEOUT_S, MAX_HEAD_BYTES
 from tests.conftest import SMOLLM2_KEY
@@ -75,7 +78,14 @@ def test_trickled_heads_and_bodies_are_cut_off_and_good_traffic_keeps_its_latenc
     assert len(closed) == TRICKLERS // 2 and max(closed) < HEADERS_TIMEOUT_S + 3  # the trickled heads (bodies: 60 s)
 
 
-def test_a_head_above_the_cap_is_refused(smollm2_server):
+@pytest.mark.parametrize("head", [b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * MAX_HEAD_BYTES + b"a\r\n\r\n",
+                                  b"GET /health HTTP/9.9\x00\r\n\r\n"], ids=["above the cap", "not HTTP"])
+def test_a_head_above_the_cap_or_not_http_is_refused_in_the_error_shape(smollm2_server, head):
     with socket.create_connection(_address(smollm2_server[0]), timeout=10) as s:
-        s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (MAX_HEAD_BYTES + 1) + b"\r\n\r\n")
-        assert s.recv(100).startswith(b"HTTP/1.1 400")
+        s.sendall(head)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in status.lower(), answer
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
