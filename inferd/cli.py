@@ -161,8 +161,8 @@ def _batched_replica(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """The gateway on --port, in front of local `inferd replica` processes (one model, or a --config spec)."""
-    from inferd.control.launch import (classical_spec, embedding_spec, local_plans, policy_spec, replica_args,
-                                       spec_plans, start_deployments, stop_all)
+    from inferd.control.launch import (FLAGS_TEXT, classical_spec, cpu_shares, embedding_spec, local_plans,
+                                       policy_spec, replica_args, spec_plans, start_deployments, stop_all)
     from inferd.control.quality import release_gate
     from inferd.control.rollout import controller_for
     from inferd.control.gateway_setup import gateway_config, open_store, run_gateway
@@ -172,18 +172,21 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit("inferd serve: give MODEL (and engine flags) or --config, not both")
     if args.config:
         try:
-            plans = spec_plans(load_spec(args.config), _log_flags(args))
+            spec = load_spec(args.config)
         except SpecError as exc:
             raise SystemExit(f"inferd serve: {args.config}: {exc}")
+        shares = cpu_shares(spec.deployments)
+        plans = spec_plans(spec, _log_flags(args), shares.deployments)
     else:  # bad engine flags stop here, before anything starts
         engine = _engine_config(args)
-        plans = local_plans(args, replica_args(args.model, args.served_model_name, engine, _log_flags(args)))
-        if args.embedding_model != "none":
-            plans += spec_plans(ServiceSpec([embedding_spec(args.embedding_model)]), _log_flags(args))
-        if args.classical_model != "none":
-            plans += spec_plans(ServiceSpec([classical_spec(args.classical_model)]), _log_flags(args))
-        if args.policy_model != "none":
-            plans += spec_plans(ServiceSpec([policy_spec(args.policy_model)]), _log_flags(args))
+        spec = ServiceSpec([make(source) for make, source in ((embedding_spec, args.embedding_model),
+                                                              (classical_spec, args.classical_model),
+                                                              (policy_spec, args.policy_model)) if source != "none"])
+        shares = cpu_shares(spec.deployments, flags_text=True)
+        plans = local_plans(args, replica_args(args.model, args.served_model_name, engine, _log_flags(args)),
+                            shares.deployments[FLAGS_TEXT]) + spec_plans(spec, _log_flags(args), shares.deployments)
+    if shares.gateway is not None:  # its own share; each replica sets its own as it starts (replicas.in_child)
+        os.sched_setaffinity(0, shares.gateway)
     config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
     store = open_store(config, args.api_key)
     try:

@@ -1,12 +1,14 @@
 """From a deployment spec (or `inferd serve` flags) to running replicas and the gateway's deployments."""
 import argparse
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inferd.control.cpus import AUTO, Shares, allocate, cpulist, machine_cpus
 from inferd.control.placement import make_replica
 from inferd.control.pool import ReplicaPool, per_replica_slots
 from inferd.control.replicas import ReplicaHandle, ReplicaProcess
@@ -21,6 +23,9 @@ from inferd.router.router import Router
 from inferd.control.gateway_setup import deployment_for
 from inferd.settings import flags_of
 
+log = logging.getLogger(__name__)
+
+FLAGS_TEXT = "replica"  # `inferd serve`'s text deployment from flags, named as its replicas are
 
 @dataclass(slots=True)
 class DeploymentPlan:
@@ -30,24 +35,49 @@ class DeploymentPlan:
     pool: ReplicaPool | None = None  # keeps its replicas (start_deployments makes it)
 
 
-def local_plans(args: argparse.Namespace, replica_args: list[str]) -> list[DeploymentPlan]:
-    make = functools.partial(ReplicaProcess, replica_args)
+def local_plans(args: argparse.Namespace, replica_args: list[str], cpus: list[int] | None = None) -> \
+        list[DeploymentPlan]:
+    make = functools.partial(ReplicaProcess, replica_args, cpus)
     return [DeploymentPlan(None, [make() for _ in range(args.replicas)], make)]
 
 
-def spec_plans(spec: ServiceSpec, log_flags: Sequence[str] = ()) -> list[DeploymentPlan]:
+def spec_plans(spec: ServiceSpec, log_flags: Sequence[str] = (),
+               cpus: dict[str, list[int] | None] | None = None) -> list[DeploymentPlan]:
+    """Each deployment's plan; its local replicas run on cpus[replica_prefix(d)] (cpu_shares; absent: all)."""
     plans = []
     for d in spec.deployments:
-        make = None
+        make, share = None, (cpus or {}).get(replica_prefix(d))
         if d.model and d.engine.engine != "inferd":
             from inferd.control.runtimes import RuntimeProcess
-            runtime = functools.partial(RuntimeProcess, d.model.source, d.name, d.runtime, d.engine)
+            runtime = functools.partial(RuntimeProcess, d.model.source, d.name, d.runtime, d.engine, share)
             make = functools.partial(make_replica, d.placement, [], runtime)
         elif d.model:
             args = replica_args(d.model.source, d.name, d.runtime, log_flags, d.kind)
-            make = functools.partial(make_replica, d.placement, args)
+            make = functools.partial(make_replica, d.placement, args, cpus=share)
         plans.append(DeploymentPlan(d, [make() for _ in range(d.replicas)] if make else [], make))
     return plans
+
+
+def cpu_shares(specs: Sequence[DeploymentSpec], flags_text: bool = False) -> Shares:
+    """The CPUs of each deployment with local replicas (by replica_prefix; with flags_text also `inferd serve`'s
+    text model from flags, FLAGS_TEXT) and the gateway's (control/cpus.py), logged once."""
+    wanted = [(FLAGS_TEXT, "text", AUTO)] if flags_text else []
+    wanted += [(replica_prefix(d), d.kind, d.placement.cpus) for d in specs
+               if d.external is None and d.placement.backend == "local"]
+    shares = allocate(machine_cpus(), wanted)
+    kinds = {name: kind for name, kind, _ in wanted}
+    log.info("CPUs %s: gateway %s%s", cpulist(machine_cpus()), _shown(shares.gateway),
+             "".join(f"; {name} ({kinds[name]}) {_shown(cpus)}" for name, cpus in shares.deployments.items()))
+    return shares
+
+
+def _shown(cpus: list[int] | None) -> str:
+    return "all" if cpus is None else cpulist(cpus)
+
+
+def replica_prefix(d: DeploymentSpec) -> str:
+    """What a deployment's replicas are named after: its name, a canary's with its version."""
+    return d.name if d.role == "stable" else f"{d.name}-{d.version}"
 
 
 def embedding_spec(source: str = "default") -> DeploymentSpec:
@@ -115,7 +145,7 @@ def stop_all(plans: list[DeploymentPlan]) -> None:
 def _pool(plan: DeploymentPlan, deployment: Deployment) -> ReplicaPool:
     d, initial = plan.spec, len(plan.replicas)
     slots = per_replica_slots(deployment.queue.config.max_inflight, initial, slots_of(d) if d else 1)
-    prefix = "replica" if d is None else d.name if d.role == "stable" else f"{d.name}-{d.version}"
+    prefix = FLAGS_TEXT if d is None else replica_prefix(d)
     pool = ReplicaPool(deployment, plan.make, slots, initial, d.autoscaling if d else None, prefix=prefix)
     deployment.queue.set_capacity(initial * slots)
     return pool
@@ -124,7 +154,7 @@ def _pool(plan: DeploymentPlan, deployment: Deployment) -> ReplicaPool:
 def _deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
     d = plan.spec
     if d is None:
-        upstreams = [Upstream(r.url, r.api_key, name=f"replica-{i}") for i, r in enumerate(plan.replicas)]
+        upstreams = [Upstream(r.url, r.api_key, name=f"{FLAGS_TEXT}-{i}") for i, r in enumerate(plan.replicas)]
         return deployment_for(upstreams, config)
     deployment = _spec_deployment(plan, config)
     deployment.fallbacks = list(d.fallbacks)
@@ -140,8 +170,7 @@ def _spec_deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
     if d.external is None and not plan.replicas:
         return _unstarted_deployment(d, queue)
     if d.external is None:
-        prefix = d.name if d.role == "stable" else f"{d.name}-{d.version}"
-        upstreams = [Upstream(r.url, r.api_key, name=f"{prefix}-{i}") for i, r in enumerate(plan.replicas)]
+        upstreams = [Upstream(r.url, r.api_key, name=f"{replica_prefix(d)}-{i}") for i, r in enumerate(plan.replicas)]
         if d.engine.engine == "inferd":
             return deployment_for(upstreams, config, d.name, queue=queue, router=d.router, version=d.version)
         tokenizer = str(source_path(d.kind, d.model.source))  # the model's own tokenizer counts its tokens

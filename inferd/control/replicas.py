@@ -1,5 +1,6 @@
 """Local replica processes: start `inferd replica`, wait for readiness (a real inference), stop."""
 import ctypes
+import functools
 import logging
 import os
 import secrets
@@ -14,6 +15,8 @@ from typing import Protocol
 
 import httpx
 
+from inferd.control.cpus import machine_cpus
+
 log = logging.getLogger(__name__)
 
 
@@ -23,6 +26,14 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def in_child(cpus: list[int]) -> None:
+    """A replica's process before it runs its command: it dies with its parent and runs on these CPUs (set even
+    when they are all of the machine's: a child inherits the affinity of the gateway, which may have pinned
+    itself to its own share)."""
+    _die_with_parent()
+    os.sched_setaffinity(0, cpus)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -61,6 +72,7 @@ def wait_until_ready(url: str, alive: Callable[[], bool], how_it_ended: Callable
 class ReplicaProcess:
     """One `inferd replica` child on a loopback port, reachable only with its own random key."""
     args: list[str]  # model and engine flags for `inferd replica`
+    cpus: list[int] | None = None  # the CPUs it runs on (control/cpus.py); None: all of the machine's
     host: str = "127.0.0.1"
     port: int = field(default_factory=free_port)
     api_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
@@ -73,7 +85,7 @@ class ReplicaProcess:
     def start(self) -> None:
         cmd = [sys.executable, "-m", "inferd.cli", "replica", *self.args, "--host", self.host, "--port", str(self.port)]
         env = os.environ | {"INFERD_API_KEY": self.api_key}
-        self.proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(cmd, env=env, preexec_fn=functools.partial(in_child, self.cpus or machine_cpus()))
         log.info("started replica pid %d on %s", self.proc.pid, self.url)
 
     def wait_ready(self, timeout_s: float = 900.0) -> None:

@@ -15,6 +15,7 @@ has one slot and the gateway's queue orders the rest by class. Its prompt cache 
 the process) stays off: it cannot be keyed per tenant. It still reuses the prefix the previous request
 shared with the next one, which a tenant can time; a deployment that must isolate tenants runs inferd or vLLM.
 """
+import functools
 import json
 import logging
 import os
@@ -30,8 +31,9 @@ from pathlib import Path
 
 import httpx
 
+from inferd.control.cpus import cpulist, machine_cpus
 from inferd.control.kinds import source_path
-from inferd.control.replicas import _die_with_parent, free_port, terminate
+from inferd.control.replicas import free_port, in_child, terminate
 from inferd.control.spec import EngineChoice
 from inferd.engine.config import EngineConfig
 from inferd.models.cpu import has_native_bf16
@@ -104,14 +106,24 @@ def vllm_command(python: str, model_dir: Path, name: str, settings: EngineConfig
     return cmd + list(args)
 
 
-def llamacpp_settings(gguf: Path, name: str, settings: EngineConfig, host: str, port: int, api_key: str) -> dict:
-    """llama_cpp.server's config file (its --config_file: the key stays off the command line)."""
-    s, threads = settings, settings.num_threads or os.cpu_count() or 1
+def llamacpp_settings(gguf: Path, name: str, settings: EngineConfig, host: str, port: int, api_key: str,
+                      cores: int | None = None) -> dict:
+    """llama_cpp.server's config file (its --config_file: the key stays off the command line); its threads: the
+    settings', else one per core it runs on (cores; None: all of this machine's)."""
+    s, threads = settings, settings.num_threads or cores or os.cpu_count() or 1
     model = {"model": str(gguf), "model_alias": name, "n_ctx": s.max_model_len or 0,
              "n_batch": s.max_num_batched_tokens, "n_ubatch": s.max_num_batched_tokens, "n_threads": threads,
              "n_threads_batch": threads, "cache": False, "verbose": False}
     # interrupt_requests off: else a new request cuts the stream that holds the context short
     return {"host": host, "port": port, "api_key": api_key, "interrupt_requests": False, "models": [model]}
+
+
+def threads_bind(cpus: list[int] | None, num_threads: int | None) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND: the cores vLLM binds its OpenMP threads to, the first num_threads of its CPUs
+    (cpus; None: the machine's from 0), all of them without num_threads; None: vLLM's own choice."""
+    if cpus is None:
+        return None if num_threads is None else f"0-{num_threads - 1}"
+    return cpulist(cpus[:num_threads] if num_threads else cpus)
 
 
 def preloads(python: str) -> list[str]:
@@ -132,6 +144,7 @@ class RuntimeProcess:
     name: str  # the model id it serves: the deployment's name
     settings: EngineConfig
     choice: EngineChoice
+    cpus: list[int] | None = None  # the CPUs it runs on (control/cpus.py); None: all of the machine's
     host: str = "127.0.0.1"
     port: int = field(default_factory=free_port)
     api_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
@@ -153,8 +166,8 @@ class RuntimeProcess:
         cmd, env = self.command()
         self.started_unix_s = time.time()
         # its own process group: its engine core and workers are stopped with it, even after it was killed
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.stdout, preexec_fn=_die_with_parent,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.stdout, start_new_session=True,
+                                     preexec_fn=functools.partial(in_child, self.cpus or machine_cpus()))
         log.info("started %s replica pid %d on %s", self.engine, self.proc.pid, self.url)
 
     def command(self) -> tuple[list[str], dict]:
@@ -177,8 +190,8 @@ class RuntimeProcess:
         cmd = vllm_command(python, model_dir, self.name, self.settings, self.choice.args, self.host, self.port)
         env = os.environ | {"VLLM_API_KEY": self.api_key, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
-        if self.settings.num_threads is not None:  # vLLM binds its OpenMP threads to these cores
-            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{self.settings.num_threads - 1}"
+        if bind := threads_bind(self.cpus, self.settings.num_threads):  # vLLM binds its OpenMP threads to these
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind
         if preload := preloads(python):
             env["LD_PRELOAD"] = ":".join([*preload, *filter(None, [os.environ.get("LD_PRELOAD")])])
         return cmd, env
@@ -187,7 +200,8 @@ class RuntimeProcess:
         self.folder = Path(tempfile.mkdtemp(prefix="inferd-llamacpp-"))  # mode 0700
         config = self.folder / "server.json"
         config.write_text(json.dumps(llamacpp_settings(source_path("text", self.source), self.name, self.settings,
-                                                       self.host, self.port, self.api_key)))
+                                                       self.host, self.port, self.api_key,
+                                                       len(self.cpus) if self.cpus else None)))
         cmd = [python, "-m", "llama_cpp.server", "--config_file", str(config), *self.choice.args]
         return cmd, dict(os.environ)
 

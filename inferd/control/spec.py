@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from inferd.control.cpus import AUTO, cpulist, machine_cpus, parse_cpulist
 from inferd.control.kinds import KINDS, SETTINGS, Settings, source_path
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.config import ModelPrice
@@ -62,6 +63,12 @@ class PlacementSpec:
     ray_address: str | None = None  # ray.init(address=...); None: the cluster RAY_ADDRESS names, else a local one
     num_cpus: float = 1.0  # Ray resources one replica reserves
     num_gpus: float = 0.0
+    # local replicas: the CPUs they run on, "auto" (control/cpus.py: docs/cpus.md) or a cpulist such as "0-3,6";
+    # a number is one CPU (YAML reads `cpus: 3` as one)
+    cpus: str | int = AUTO
+
+    def __post_init__(self):
+        self.cpus = str(self.cpus)
 
 
 @dataclass(slots=True)
@@ -257,6 +264,7 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
             _check_quality(d, f"{where}.quality")
         if (d.model is None) == (d.external is None):
             raise SpecError(f"{where}: give exactly one of model (local replicas) and external (a base URL)")
+        _check_cpus(d, f"{where}.placement.cpus")
         if d.external is not None:
             _check_external(d.external, f"{where}.external")
             if d.autoscaling is not None:
@@ -275,6 +283,24 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
             _check_digest(d.kind, d.model, f"{where}.model")
         if d.kind == "classical":
             _check_classical(d, where)
+
+
+def _check_cpus(d: DeploymentSpec, where: str) -> None:
+    """A cpulist: local replicas, CPUs this machine gives inferd, at least as many as the runtime's threads."""
+    if d.placement.cpus == AUTO:
+        return
+    if d.external is not None or d.placement.backend != "local":
+        raise SpecError(f"{where}: only local replicas are pinned to CPUs (an external deployment or Ray's "
+                        "replicas: leave it auto)")
+    try:
+        cpus = parse_cpulist(d.placement.cpus)
+    except ValueError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    if missing := sorted(set(cpus) - set(machine_cpus())):
+        raise SpecError(f"{where}: no CPU {cpulist(missing)} here (inferd may use {cpulist(machine_cpus())})")
+    threads = getattr(d.runtime, "num_threads", None)
+    if threads is not None and threads > len(cpus):
+        raise SpecError(f"{where}: {cpulist(cpus)} is {len(cpus)} CPU(s), fewer than runtime.num_threads {threads}")
 
 
 def _check_canary(spec: ServiceSpec, d: DeploymentSpec, where: str) -> None:
