@@ -4,13 +4,16 @@ import logging
 import os
 import sys
 import time
+from contextlib import contextmanager
 
 from inferd.bench.cli import add_bench_parser
 from inferd.control import commands as gateway_cli
+from inferd.control.commands import CommandError
 from inferd.control.kinds import KINDS, SETTINGS
 from inferd.eval.cli import add_eval_parser
 from inferd.engine.config import EngineConfig
-from inferd.settings import SettingError, add_flags, config_from
+from inferd.models.errors import ModelLoadError
+from inferd.settings import add_flags, config_from
 from inferd.telemetry.logs import LOG_FORMATS
 
 log = logging.getLogger("inferd")
@@ -93,11 +96,22 @@ def _parser(replica_kind: str = "text") -> argparse.ArgumentParser:
     return parser
 
 
-def _engine_config(args: argparse.Namespace) -> EngineConfig:
+@contextmanager
+def _arguments_checked():
+    """A bad argument value raised in the block (ValueError, a file that cannot be read, a model that is not
+    there) becomes the command's one-line error: main prints it, exit code 2. Nothing is changed before it."""
     try:
-        return config_from(EngineConfig, args)
-    except ValueError as exc:
-        raise SystemExit(f"inferd {args.command}: error: {exc}")
+        yield
+    except (ValueError, OSError, ModelLoadError) as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _check_sources(args: argparse.Namespace) -> None:
+    """The model files `inferd serve` was given exist (the packaged defaults are found when a replica starts)."""
+    for flag, source in (("MODEL", args.model), ("--embedding-model", args.embedding_model),
+                         ("--classical-model", args.classical_model), ("--policy-model", args.policy_model)):
+        if source not in (None, "default", "none") and not os.path.exists(os.path.expanduser(source)):
+            raise ValueError(f"{flag}: {source} does not exist")
 
 
 def _log_flags(args: argparse.Namespace) -> list[str]:
@@ -115,12 +129,13 @@ def _replica(args: argparse.Namespace) -> int:
     from inferd.replica.loading import in_passing_thread
     from inferd.replica.server import ReplicaConfig, build_replica_app, serve
 
-    engine_config = _engine_config(args)
+    with _arguments_checked():
+        engine_config = config_from(EngineConfig, args)
     model = in_passing_thread(lambda: load_model(args.model, progress=True))
     try:  # built there too: it allocates the KV cache and packs the weights
         engine = AsyncEngine(in_passing_thread(lambda: LLMEngine(model, engine_config)))
     except (ValueError, UnsupportedModelError) as exc:
-        raise SystemExit(f"inferd replica: error: {exc}")
+        raise CommandError(str(exc)) from None
     config = ReplicaConfig(host=args.host, port=args.port, api_key=args.api_key or None,
                            served_model_name=args.served_model_name, log_level=args.log_level,
                            loaded_unix_s=time.time())
@@ -145,10 +160,8 @@ def _replica_kind(argv: list[str]) -> str:
 
 def _batched_replica(args: argparse.Namespace) -> int:
     """A replica of a kind that runs over the batcher (embedding, classical, policy): its settings, then its server."""
-    try:
+    with _arguments_checked():
         config = config_from(SETTINGS[args.kind], args)
-    except SettingError as exc:
-        raise SystemExit(f"inferd replica: error: {exc}")
     if args.kind == "embedding":
         from inferd.embeddings.server import serve_embeddings as serve
     elif args.kind == "policy":
@@ -167,28 +180,36 @@ def _serve(args: argparse.Namespace) -> int:
     from inferd.control.rollout import controller_for
     from inferd.control.gateway_setup import gateway_config, open_store, run_gateway
     from inferd.control.spec import ServiceSpec, SpecError, load_spec
+    from inferd.gateway.keys import imported_key
 
-    if args.config and args.model:
-        raise SystemExit("inferd serve: give MODEL (and engine flags) or --config, not both")
-    if args.config:
-        try:
-            spec = load_spec(args.config)
-        except SpecError as exc:
-            raise SystemExit(f"inferd serve: {args.config}: {exc}")
-        shares = cpu_shares(spec.deployments)
-        plans = spec_plans(spec, _log_flags(args), shares.deployments)
-    else:  # bad engine flags stop here, before anything starts
-        engine = _engine_config(args)
-        spec = ServiceSpec([make(source) for make, source in ((embedding_spec, args.embedding_model),
-                                                              (classical_spec, args.classical_model),
-                                                              (policy_spec, args.policy_model)) if source != "none"])
-        shares = cpu_shares(spec.deployments, flags_text=True)
-        plans = local_plans(args, replica_args(args.model, args.served_model_name, engine, _log_flags(args)),
-                            shares.deployments[FLAGS_TEXT]) + spec_plans(spec, _log_flags(args), shares.deployments)
-    if shares.gateway is not None:  # its own share; each replica sets its own as it starts (replicas.in_child)
-        os.sched_setaffinity(0, shares.gateway)
-    config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
-    store = open_store(config, args.api_key)
+    with _arguments_checked():  # every flag is checked before the store is touched: a bad one changes nothing
+        if args.config and args.model:
+            raise ValueError("give MODEL (and engine flags) or --config, not both")
+        if args.replicas < 1:
+            raise ValueError(f"--replicas must be at least 1, not {args.replicas}")
+        if args.config:
+            try:
+                spec = load_spec(args.config)
+            except SpecError as exc:
+                raise ValueError(f"{args.config}: {exc}") from None
+            shares = cpu_shares(spec.deployments)
+            plans = spec_plans(spec, _log_flags(args), shares.deployments)
+        else:
+            _check_sources(args)
+            engine = config_from(EngineConfig, args)
+            spec = ServiceSpec([make(source) for make, source in ((embedding_spec, args.embedding_model),
+                                                                  (classical_spec, args.classical_model),
+                                                                  (policy_spec, args.policy_model))
+                                if source != "none"])
+            shares = cpu_shares(spec.deployments, flags_text=True)
+            plans = local_plans(args, replica_args(args.model, args.served_model_name, engine, _log_flags(args)),
+                                shares.deployments[FLAGS_TEXT]) + spec_plans(spec, _log_flags(args),
+                                                                             shares.deployments)
+        config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
+        api_key = imported_key(args.api_key) if args.api_key else None
+        if shares.gateway is not None:  # its own share; each replica sets its own as it starts (replicas.in_child)
+            os.sched_setaffinity(0, shares.gateway)
+        store = open_store(config, api_key)  # the first write, once every flag passed (or --db is unusable)
     try:
         deployments = start_deployments(plans, config)  # then each local deployment's pool keeps its replicas
         gate = release_gate(plans, deployments)  # a version below its quality floor takes no traffic
@@ -226,12 +247,18 @@ def _train_demo(args: argparse.Namespace) -> int:
 def _gateway(args: argparse.Namespace) -> int:
     from inferd.gateway.deployments import Deployments, Upstream
     from inferd.control.gateway_setup import deployment_for, gateway_config, open_store, run_gateway
+    from inferd.gateway.keys import imported_key
 
-    config = gateway_config(args, default_inflight=64)
-    store = open_store(config, args.api_key)
+    with _arguments_checked():
+        config = gateway_config(args, default_inflight=64)
+        api_key = imported_key(args.api_key) if args.api_key else None
+        store = open_store(config, api_key)  # the first write, once every flag passed (or --db is unusable)
     upstreams = [Upstream(u, args.upstream_api_key, name=f"upstream-{i}") for i, u in enumerate(args.upstream)]
     deployments = Deployments()
-    deployments.add(deployment_for(upstreams, config, args.model, args.tokenizer, args.max_model_len))
+    try:
+        deployments.add(deployment_for(upstreams, config, args.model, args.tokenizer, args.max_model_len))
+    except RuntimeError as exc:  # the upstream does not answer
+        raise CommandError(str(exc)) from None
     run_gateway(config, store, deployments, args.log_level)
     return 0
 
@@ -241,6 +268,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser(_replica_kind(argv)).parse_args(argv)
     from inferd.telemetry.logs import setup_logging
     setup_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
+    try:
+        return _run(args)
+    except CommandError as exc:  # argparse's convention: one line on stderr, exit code 2
+        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"inferd {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "bench":
         from inferd.bench.cli import run_bench
         return run_bench(args)
@@ -255,7 +291,6 @@ def main(argv: list[str] | None = None) -> int:
         return gateway_cli.rollout(args)
     if args.command == "policy":
         return _train_demo(args)
-    from inferd.models.errors import ModelLoadError
     try:
         if args.command == "replica" and args.kind != "text":
             return _batched_replica(args)

@@ -8,6 +8,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
+import httpx
+
 from inferd.console import users
 from inferd.gateway.policy import BUDGET_PERIODS, PRIORITY_CLASSES, PolicyError
 from inferd.gateway.store import Store, StoreError, default_db_url
@@ -17,6 +19,11 @@ LIMIT_FLAGS = {"rpm": "requests per minute", "tpm": "tokens per minute (input + 
                "max_concurrency": "concurrent requests", "max_input_tokens": "input tokens per request",
                "max_output_tokens": "output tokens per request",
                "max_sessions": "robot policy sessions open at once"}
+
+
+class CommandError(Exception):
+    """What a command cannot do as asked (a bad argument value, a tenant that is not there): `inferd` prints
+    `inferd COMMAND: error: MESSAGE` on one line of stderr and exits with 2, argparse's code; never a traceback."""
 
 
 # parsers
@@ -163,7 +170,6 @@ def add_rollout_parser(commands: argparse._SubParsersAction) -> None:
 # commands
 
 def rollout(args: argparse.Namespace) -> int:
-    import httpx
     base = f"{args.url.rstrip('/')}/admin/rollouts"
     headers = {"authorization": f"Bearer {args.admin_key or ''}"}
     try:
@@ -202,15 +208,16 @@ def _rollout_table(row: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    store = Store(args.db)
+    store = None
     try:
+        store = Store(args.db)
         store.migrate()
         return {"keys": _keys, "tenants": _tenants, "usage": _usage, "console": _console}[args.command](store, args)
-    except (StoreError, PolicyError, ValueError) as exc:
-        print(f"inferd {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except (StoreError, PolicyError, ValueError, OSError, httpx.HTTPError) as exc:
+        raise CommandError(str(exc)) from None
     finally:
-        store.close()
+        if store is not None:
+            store.close()
 
 
 def _keys(store: Store, args: argparse.Namespace) -> int:
@@ -312,7 +319,6 @@ def _usage(store: Store, args: argparse.Namespace) -> int:
 
 def _reconcile(store: Store, args: argparse.Namespace) -> int:
     """The gateway's own counters against the records the store holds for that gateway."""
-    import httpx
     r = httpx.get(f"{args.reconcile.rstrip('/')}/admin/counters",
                   headers={"authorization": f"Bearer {args.admin_key}"}, timeout=10)
     r.raise_for_status()

@@ -15,7 +15,7 @@ from inferd.gateway.app import Gateway, build_gateway_app
 from inferd.gateway.config import GatewayConfig, load_settings_file
 from inferd.control.kinds import gateway_model
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
-from inferd.gateway.keys import imported_key, lookup_id_of
+from inferd.gateway.keys import NewKey
 from inferd.gateway.limits import MemoryLimiter
 from inferd.gateway.store import Store
 from inferd.gateway.webhooks import check_networks
@@ -36,6 +36,10 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
                  if getattr(args, k) is not None}
     queue = QueueConfig(**({"max_inflight": queue.max_inflight, "max_queue_len": queue.max_queue_len,
                             "max_queued_tokens": queue.max_queued_tokens} | overrides))
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be 1-65535, not {args.port}")
+    if args.lease_s <= 0:
+        raise ValueError(f"--lease-s must be above 0, not {args.lease_s:g}")
     config = GatewayConfig(host=args.host, port=args.port, db_url=args.db, redis_url=args.redis_url,
                            admin_key=args.admin_key, console_viewer_key=getattr(args, "console_viewer_key", None),
                            prices=settings.get("prices", {}), queue=queue,
@@ -60,19 +64,24 @@ def webhook_master_secret(path: str | None) -> bytes | None:
     return raw or None
 
 
-def open_store(config: GatewayConfig, api_key: str | None) -> Store:
-    """Migrate the store; register --api-key (hashed) or, on a first start, make and show one key."""
+def open_store(config: GatewayConfig, api_key: NewKey | None) -> Store:
+    """Migrate the store; register --api-key (hashed) or, on a first start, make and show one key; on a start
+    where tenant 'default' has no live key, say how to make one."""
     store = Store(config.db_url)
     store.migrate()
     if api_key:
-        if store.find_key(lookup_id_of(api_key)) is None:
+        if store.find_key(api_key.lookup_id) is None:
             _default_tenant(store)
-            store.create_key(DEFAULT_TENANT, "--api-key", new_key=imported_key(api_key), actor="inferd-serve")
+            store.create_key(DEFAULT_TENANT, "--api-key", new_key=api_key, actor="inferd-serve")
     elif not store.tenants():
         _default_tenant(store)
         _, new = store.create_key(DEFAULT_TENANT, "first key", actor="inferd-serve")
         print(f"\nCreated tenant '{DEFAULT_TENANT}' and its first API key (shown once, store it now):\n\n"
               f"    {new.key}\n\nMore keys: inferd keys create --tenant {DEFAULT_TENANT}\n", flush=True)
+    elif any(t.name == DEFAULT_TENANT for t in store.tenants()) and \
+            not any(k["revoked_unix_s"] is None for k in store.keys(DEFAULT_TENANT)):
+        log.warning("tenant '%s' has no API key that works; make one with: inferd keys create --tenant %s",
+                    DEFAULT_TENANT, DEFAULT_TENANT)
     return store
 
 

@@ -165,7 +165,7 @@ def load_spec(path: str | Path, verify_digests: bool = True) -> ServiceSpec:
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"{path}: {exc}") from None
+        raise SpecError(str(exc)) from None  # its callers name the file
     spec = build(ServiceSpec, raw, "")
     check(spec, verify_digests)
     return spec

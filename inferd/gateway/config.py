@@ -73,7 +73,10 @@ class GatewayConfig:
 
 def load_settings_file(path: str | Path) -> dict[str, Any]:
     """Read prices and queue settings from YAML; unknown fields are errors that name them."""
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: {exc}") from None
     _known(raw, {"prices", "queue"}, str(path))
     prices = {model: ModelPrice(**_known(p or {}, _names(ModelPrice), f"prices.{model}"))
               for model, p in (raw.get("prices") or {}).items()}

@@ -8,7 +8,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, case, create_engine, event, func, insert, select, update
-from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import ArgumentError, IntegrityError, InterfaceError, NoSuchModuleError, OperationalError
 
 from inferd.gateway import rollups
 from inferd.gateway.keys import NewKey, generate_key
@@ -52,15 +52,22 @@ def _sqlite_pragmas(conn: Any, record: Any) -> None:
 class Store:
     def __init__(self, url: str):
         self.url = url
-        self.engine = make_engine(url)
+        try:
+            self.engine = make_engine(url)
+        except (ArgumentError, NoSuchModuleError) as exc:
+            raise StoreError(f"{url!r} is not a store URL: {exc}") from None
 
     def migrate(self, revision: str = "head") -> None:
         """Bring the schema to the newest migration (or `revision`); data already there is kept."""
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
-        with self.engine.begin() as conn:
-            config.attributes["connection"] = conn
-            command.upgrade(config, revision)
+        try:
+            with self.engine.begin() as conn:
+                config.attributes["connection"] = conn
+                command.upgrade(config, revision)
+        except UNAVAILABLE as exc:
+            raise StoreError(f"cannot reach the store {self.engine.url.render_as_string(hide_password=True)}: "
+                             f"{str(exc.orig or exc).splitlines()[0]}") from exc
 
     def close(self) -> None:
         self.engine.dispose()
