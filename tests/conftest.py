@@ -13,6 +13,7 @@ os.environ.setdefault("INFERD_CACHE_DIR", str(Path(tempfile.gettempdir()) / "inf
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SMOLLM2_KEY = "sk-e2e-secret"
+SMOLLM2_ADMIN_KEY = "admin-e2e-secret"
 SMOLLM2_MAX_MODEL_LEN = 1024
 
 
@@ -23,6 +24,7 @@ def smollm2_server(tmp_path_factory):
     shared by the modules that need nothing more of it: its URL and its log. Each server start costs CI ~20 s."""
     from tests.server import running_server
     log_path = tmp_path_factory.mktemp("smollm2") / "serve.log"
-    with running_server(log_path, "--api-key", SMOLLM2_KEY, "--max-model-len", str(SMOLLM2_MAX_MODEL_LEN),
-                        "--kv-cache-gib", "0.25", embeddings=True, classical=True, policy=True) as url:
+    with running_server(log_path, "--api-key", SMOLLM2_KEY, "--admin-key", SMOLLM2_ADMIN_KEY, "--max-model-len",
+                        str(SMOLLM2_MAX_MODEL_LEN), "--kv-cache-gib", "0.25", embeddings=True, classical=True,
+                        policy=True) as url:
         yield url, log_path

@@ -37,7 +37,8 @@ def _load_options() -> argparse.ArgumentParser:
     target.add_argument("--model", default=None, help="model id (default: the first one /v1/models lists)")
     target.add_argument("--api", choices=["chat", "completions"], default="chat")
     target.add_argument("--tokenizer", default=None, help="a .gguf file or Hugging Face directory "
-                        "(default: source_path from /v1/models, when the server is on this machine)")
+                        "(default: source_path from a replica's /v1/models, when it is on this machine, else the packaged "
+                        "SmolLM2 when its tokenizer digest is the served model's)")
     target.add_argument("--metrics-url", default=None, help="Prometheus endpoint (default: BASE/metrics)")
     target.add_argument("--extra-body", type=_json_object, default={}, help="JSON merged into every request body")
     _workload_options(p.add_argument_group("workload"))

@@ -13,7 +13,7 @@ from inferd.bench.runner import RunConfig, http_client, run_load, warm_up
 from inferd.bench.stats import SLO, parse_slo
 from inferd.bench.sweep import SweepConfig, sweep
 from inferd.bench.target import ModelCard, model_card
-from inferd.bench.tokenizer import PromptCounter, load_tokenizer, word_pool
+from inferd.bench.tokenizer import PromptCounter, served_tokenizer, word_pool
 from inferd.bench.workloads import BenchRequest, WorkloadConfig, build_requests, quality_requests
 
 DEFAULT_NUM_REQUESTS = 100
@@ -61,10 +61,7 @@ def run_config(args: argparse.Namespace, card: ModelCard) -> RunConfig:
 
 
 def workload(args: argparse.Namespace, card: ModelCard) -> Workload:
-    source = args.tokenizer or card.source_path
-    if source is None or not Path(source).exists():
-        raise WorkloadError(f"the served model's tokenizer is not readable here ({source!r}); "
-                            "pass --tokenizer with the model's .gguf file or Hugging Face directory")
+    tokenizer = served_tokenizer(args.tokenizer, card.source_path, card.digests.get("tokenizer"))
     config = workload_config(args)
     if args.num_requests is not None and args.num_requests < 1:
         raise BenchError(f"--num-requests must be at least 1 (got {args.num_requests})")
@@ -72,7 +69,6 @@ def workload(args: argparse.Namespace, card: ModelCard) -> Workload:
             config.input_tokens + config.output_tokens > card.max_model_len:
         raise WorkloadError(f"{config.input_tokens} input + {config.output_tokens} output tokens exceed the "
                             f"server's max_model_len of {card.max_model_len}")
-    tokenizer = load_tokenizer(source)
     if args.quality_set is not None and (args.api != "chat" or args.bench_command != "run"):
         raise BenchError("--quality-set sends chat messages: use it with bench run and --api chat")
     return Workload(config, PromptCounter(tokenizer, args.api), word_pool(tokenizer), args.num_requests,

@@ -29,6 +29,29 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
                         "pass --tokenizer with the served model's file or directory")
 
 
+def served_tokenizer(flag: str | None, source_path: str | None, digest: str | None) -> Tokenizer:
+    """The served model's tokenizer: --tokenizer; else the card's source_path (a replica's /v1/models, on this
+    machine); else the packaged default model's, if its digest is the card's (a gateway shows tenants no paths)."""
+    source = flag or source_path
+    if source is not None and Path(source).expanduser().exists():
+        return load_tokenizer(source)
+    packaged = None if flag else _packaged_tokenizer(digest)
+    if packaged is None:
+        raise WorkloadError(f"the served model's tokenizer is not readable here ({source!r}); "
+                            "pass --tokenizer with the model's .gguf file or Hugging Face directory")
+    return packaged
+
+
+def _packaged_tokenizer(digest: str | None) -> Tokenizer | None:
+    from inferd.models.gguf import sha256_text
+    from inferd.models.loader import default_model_path
+    try:
+        tokenizer = load_tokenizer(default_model_path())
+    except ModelLoadError:  # not installed
+        return None
+    return tokenizer if digest == sha256_text(tokenizer.hf_tokenizer.to_str()) else None  # as gguf.digests has it
+
+
 # prompt lengths as the server counts them
 
 @dataclass(slots=True)

@@ -1,4 +1,5 @@
-"""Admin API (/admin/*), guarded by the admin key: tenants, keys, usage and the reconciliation counters. Changes
+"""Admin API (/admin/*), guarded by the admin key: tenants, keys, usage, the reconciliation counters and the
+deployments' whole model cards (with the server's paths, which a tenant's /v1/models leaves out). Changes
 are audited in the store with who made them (admin-api@ADDRESS; the console passes its own actor to the same
 methods: create_key, revoke_key, rollout)."""
 import asyncio
@@ -39,6 +40,7 @@ def routes(gateway) -> list[Route]:
             Route("/admin/keys/{key_id}", admin.revoke, methods=["DELETE"]),
             Route("/admin/usage", admin.usage, methods=["GET"]),
             Route("/admin/counters", admin.counters, methods=["GET"]),
+            Route("/admin/models", admin.models, methods=["GET"]),
             Route("/admin/autoscaling", admin.autoscaling, methods=["GET"]),
             Route("/admin/rollouts", admin.rollouts, methods=["GET"]),
             Route("/admin/rollouts/{name}", admin.rollouts, methods=["GET"]),
@@ -121,6 +123,12 @@ class Admin:
         self._check(request)
         return JSONResponse({"gateway_id": self.gw.config.gateway_id, "started_unix_s": self.gw.started_unix_s,
                              "pending": self.gw.usage.pending} | asdict(self.gw.usage.counters))
+
+    async def models(self, request: Request) -> Response:
+        """Every deployment's card, canaries included, with its version and source_path."""
+        self._check(request)
+        return JSONResponse({"object": "list", "data": [d.card | {"version": d.version}
+                                                         for d in self.gw.deployments.every()]})
 
     async def autoscaling(self, request: Request) -> Response:
         """Each autoscaled deployment: its target, last decision, signals and recent decisions."""

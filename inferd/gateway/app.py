@@ -188,7 +188,7 @@ class GatewayRoutes:
 
     async def models(self, request: Request) -> Response:
         key = await self.gw.keys.authenticate(request.headers.get("authorization"), client_address(request))
-        cards = [d.card for d in self.gw.deployments.by_name.values() if key.may_use(d.name)]
+        cards = [d.tenant_card() for d in self.gw.deployments.by_name.values() if key.may_use(d.name)]
         return JSONResponse({"object": "list", "data": cards})
 
 

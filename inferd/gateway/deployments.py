@@ -80,6 +80,7 @@ class PolicyModel:
 
 
 ModelKind = TextModel | EmbeddingModel | ClassicalModel | PolicyModel
+ADMIN_ONLY = ("source_path",)  # the server's own files: in the card the admin API shows, not in a tenant's
 
 
 @dataclass(slots=True, eq=False)
@@ -117,7 +118,7 @@ class Deployment:
     upstream_model: str | None = None  # the model id the upstream expects, if not `name`
     internal_headers: bool = True  # ours (x-inferd-* headers, usage events) or an external server
     runtime: str = "inferd"  # what its replicas run: inferd | vllm | llama.cpp (started by inferd) | openai (external)
-    card: dict = field(default_factory=dict)  # what GET /v1/models shows
+    card: dict = field(default_factory=dict)  # GET /admin/models; a tenant's /v1/models: tenant_card()
     router: Router = field(default_factory=Router)
     fallbacks: list[str] = field(default_factory=list)  # deployments that take the requests this one fails
     degrader: Degrader | None = None  # its degradation ladder, if it has one
@@ -127,6 +128,10 @@ class Deployment:
                      | self.model.card() | {k: v for k, v in self.card.items() if k != "id"})
         if self.model.kind == "policy":
             self.card["websocket_path"] = websocket_path(self.name)
+
+    def tenant_card(self) -> dict:
+        """What a key holder sees of the model (GET /v1/models): name, kind, digests, limits; no server paths."""
+        return {k: v for k, v in self.card.items() if k not in ADMIN_ONLY}
 
     def pick(self, prompt_ids: list[int], namespace: str, exclude: list[Upstream] = ()) -> Upstream:
         return self.router.pick([u for u in self.upstreams if u not in exclude] or self.upstreams,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import SMOLLM2_KEY
+from tests.conftest import SMOLLM2_ADMIN_KEY, SMOLLM2_KEY
 from tests.server import db_url, new_tenant_key, wait_stored
 
 MODEL = "iris-classifier"
@@ -31,12 +31,14 @@ def card(server):
 
 
 @pytest.fixture(scope="module")
-def forest(card):
-    """The very file the replica serves, loaded by skops, pinned by the card's digest."""
+def forest(server, card):
+    """The very file the replica serves (its path: the admin API's card), loaded by skops, pinned by the card's
+    digest."""
     import skops.io as sio
     from inferd.models.unpack import file_sha256
     from pathlib import Path
-    path = Path(card["source_path"])
+    cards = httpx.get(f"{server[0]}/admin/models", headers={"authorization": f"Bearer {SMOLLM2_ADMIN_KEY}"}).json()
+    path = Path({c["id"]: c for c in cards["data"]}[MODEL]["source_path"])
     assert file_sha256(path) == card["digests"]["model"]
     return sio.load(path, trusted=sio.get_untrusted_types(file=path))
 

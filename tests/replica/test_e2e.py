@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server import db_url, inferd, new_tenant_key
 
-from tests.conftest import SMOLLM2_KEY as API_KEY, SMOLLM2_MAX_MODEL_LEN as MAX_MODEL_LEN
+from tests.conftest import SMOLLM2_ADMIN_KEY, SMOLLM2_KEY as API_KEY, SMOLLM2_MAX_MODEL_LEN as MAX_MODEL_LEN
 
 
 # server
@@ -56,9 +56,20 @@ def test_health_ready_models(url, client):
     card = client.models.list().data[0]
     assert card.id == "SmolLM2-135M-Instruct"
     extra = card.model_extra
-    assert extra["max_model_len"] == MAX_MODEL_LEN and Path(extra["source_path"]).exists()
+    assert extra["max_model_len"] == MAX_MODEL_LEN
     assert set(extra["digests"]) == {"weights", "tokenizer", "chat_template"}
     assert all(len(d) == 64 for d in extra["digests"].values())
+
+
+def test_a_tenant_sees_no_server_paths_the_admin_api_does(url):
+    cards = httpx.get(f"{url}/v1/models", headers={"authorization": f"Bearer {API_KEY}"}).json()["data"]
+    assert {c["kind"] for c in cards} == {"text", "embedding", "classical", "policy"}
+    assert all("source_path" not in c and c["digests"] for c in cards), cards
+    assert "site-packages" not in json.dumps(cards)  # where the packaged models lie
+    assert httpx.get(f"{url}/admin/models", headers={"authorization": f"Bearer {API_KEY}"}).status_code == 401
+    admin = httpx.get(f"{url}/admin/models", headers={"authorization": f"Bearer {SMOLLM2_ADMIN_KEY}"}).json()["data"]
+    assert sorted(c["id"] for c in admin) == sorted(c["id"] for c in cards)
+    assert all(Path(c["source_path"]).exists() and c["version"] == "v1" for c in admin), admin
 
 
 # chat
