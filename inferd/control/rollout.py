@@ -241,7 +241,7 @@ class RolloutController:
         version = record.deployment_version or ""
         self.requests[(record.model, version, record.status)] += 1
         rollout = self.rollouts.get(record.model)
-        if rollout is not None and rollout.state == "running":
+        if rollout is not None and rollout.state == "running" and version:  # a refusal before any attempt has none
             rollout.windows.setdefault(version, deque()).append(sample_of(record, time.monotonic()))
 
     def status(self, name: str | None = None) -> list[dict]:

@@ -52,7 +52,7 @@ from inferd.telemetry.gateway_metrics import GatewayMetrics
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("inferd.gateway.access")
 
-UNKNOWN_MODEL = "unknown"  # requests refused before their model was resolved
+UNKNOWN_MODEL = "unknown"  # requests refused before their model was known (Exchange.model)
 MAX_REPLICAS_PER_ATTEMPT = 2  # a replica that gave no answer is followed by at most one other of the deployment
 UNPLANNED = Plan(0, 0, 0, 0.0, None, False)  # the plan of an attempt refused before planning (_refuse_early)
 
@@ -107,6 +107,7 @@ class Exchange:
     attempts: list[Attempt] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)  # said on every response (degraded, fallback)
     refusal: BaseException | None = None  # what ended it before any attempt
+    model: str = UNKNOWN_MODEL  # the deployment it names, once known: a refusal before any attempt is recorded there
     content: bytes = b""  # the client's body, as it came (a plan without a body of its own forwards it)
     batch_id: str | None = None  # a batch line's batch: priced at config.batch_price_multiplier
     finished: bool = False  # _finish ran (at a stream's end, before its [DONE], or in the finally)
@@ -170,11 +171,14 @@ class RequestPath:
             with self._child("auth", x):
                 x.key = key or await self.keys.authenticate(request.headers.get("authorization"),
                                                             client_address(request))
+            if op.model_param is not None:  # named in the path: known before the body (a 413) is read
+                x.model = self._known(request.path_params[op.model_param])
             x.content = await read_body(request, min(op.max_body_bytes or self.config.max_body_bytes,
                                                      self.config.max_body_bytes))
             raw = op.decode(x.content)
             body = op.body_type.model_validate(raw)
             asked = self._deployment(x.key, op, *_model_asked(request, op, body))
+            x.model = asked.name
             x.priority_class = priority_class(x.key, request)
             x.deadline_s = deadline_s(x.key, request, x.arrival_s)
             await self._refuse_early(x, asked)
@@ -223,6 +227,10 @@ class RequestPath:
     def _deployment(self, key: KeyPolicy, op: Operation, model: str | None, version: str | None) -> Deployment:
         deployment = self.deployments.route(model, op.kind, version)  # a canary's share goes there
         return usable(deployment, key, op.kind, op.path, model, version)
+
+    def _known(self, name: str) -> str:
+        """A name the client gave, as a usage record keeps it: a deployment's, else unknown (never a made-up one)."""
+        return name if self.deployments.get(name) is not None else UNKNOWN_MODEL
 
     async def _refuse_early(self, x: Exchange, d: Deployment) -> None:
         """What refuses most and needs no plan, before the prompt is tokenized: the key's request-rate and
@@ -457,7 +465,7 @@ class RequestPath:
 
     def _refusal_record(self, x: Exchange, err: APIError) -> UsageRecord:
         return UsageRecord(
-            request_id=x.request_id, model=UNKNOWN_MODEL, status="rejected", http_status=err.status,
+            request_id=x.request_id, model=x.model, status="rejected", http_status=err.status,
             started_unix_s=x.started_unix_s, e2e_s=time.monotonic() - x.arrival_s, gateway_id=self.config.gateway_id,
             tenant_id=x.key.tenant.id, key_id=x.key.id, error_code=err.code, batch_id=x.batch_id)
 

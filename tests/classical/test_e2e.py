@@ -109,3 +109,20 @@ def test_access_lists_rate_limits_and_usage_records(server):
             "WHERE t.name = 'tiny-rpm' ORDER BY u.started_unix_s")).all()
     engine.dispose()
     assert [tuple(r) for r in records] == [("completed", 4, MODEL)] * 2 + [("rejected", 0, MODEL)]
+
+
+def test_a_refused_body_is_recorded_under_the_model_it_names(server):
+    url, log_path = server
+    key = new_tenant_key(log_path, "refused-rows")
+    too_large = httpx.post(f"{url}/v2/models/{MODEL}/infer", content=b" " * (11 * 2**20), timeout=60,
+                           headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+    assert too_large.status_code == 413
+    assert post(url, "/v1/predict", {"model": MODEL, "inputs": [{"sepal_length_cm": 5.1}]}, key).status_code == 400
+    wait_stored(url)
+    engine = create_engine(db_url(log_path))
+    with engine.connect() as conn:
+        records = conn.execute(text(
+            "SELECT u.model, u.http_status FROM usage_records u JOIN tenants t ON t.id = u.tenant_id "
+            "WHERE t.name = 'refused-rows' ORDER BY u.started_unix_s")).all()
+    engine.dispose()
+    assert [tuple(r) for r in records] == [(MODEL, 413), (MODEL, 400)]

