@@ -8,11 +8,11 @@ import numpy as np
 import torch
 from gguf.gguf_reader import ReaderTensor
 from tokenizers import Tokenizer as HFTokenizer
-from tqdm import tqdm
 
 from inferd.models import gguf_cache
 from inferd.models.config import LoadedModel, ModelConfig
 from inferd.models.errors import ModelLoadError
+from inferd.models.progress import Progress
 from inferd.models.tokenizer import (
     LLAMA3_PRE,
     Tokenizer,
@@ -182,11 +182,13 @@ def llama3_factors(scaling: dict, theta: float, head_dim: int) -> np.ndarray:
 
 def read_weights(reader: gguf.GGUFReader, config: ModelConfig, arch: str, progress: bool) -> dict[str, torch.Tensor]:
     weights = {}
-    for tensor in tqdm(reader.tensors, desc="loading tensors", unit="tensor", disable=not progress):
-        if tensor.name == "rope_freqs.weight":
-            continue
-        name, value = hf_name(tensor.name), dequantize(tensor)
-        weights[name] = unpermute_qk(name, value, config) if arch in PERMUTED_ARCHS else value
+    with Progress("loading tensors", len(reader.tensors), "tensor", progress) as bar:
+        for tensor in reader.tensors:
+            bar.update()
+            if tensor.name == "rope_freqs.weight":
+                continue
+            name, value = hf_name(tensor.name), dequantize(tensor)
+            weights[name] = unpermute_qk(name, value, config) if arch in PERMUTED_ARCHS else value
     return weights
 
 

@@ -5,10 +5,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer as HFTokenizer
-from tqdm import tqdm
 
 from inferd.models.config import LoadedModel, ModelConfig
 from inferd.models.errors import ModelLoadError
+from inferd.models.progress import Progress
 from inferd.models.tokenizer import Tokenizer, turn_end_token_ids, unique_ids
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -109,7 +109,11 @@ def safetensors_files(path: Path) -> list[Path]:
 
 def read_weights(files: list[Path], tied: bool, progress: bool) -> dict[str, torch.Tensor]:
     weights = {}
-    with tqdm(desc="loading tensors", unit="tensor", disable=not progress) as bar:
+    total = 0
+    for file in files:
+        with safe_open(file, framework="pt") as f:  # its header only
+            total += len(f.keys())
+    with Progress("loading tensors", total, "tensor", progress) as bar:
         for file in files:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():

@@ -286,3 +286,13 @@ def test_the_cache_can_be_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")
     load_model(write_gguf(tmp_path / "tiny.gguf", hf_weights(), Q.F32), progress=False)
     assert not (tmp_path / "cache").exists()
+
+
+def test_load_progress_is_log_lines_and_no_bar_off_a_terminal(tmp_path, monkeypatch, capfd, caplog):
+    monkeypatch.setenv("INFERD_WEIGHT_CACHE", "0")  # parsed, as on a first start
+    caplog.set_level("INFO", logger="inferd.models")
+    load_model(write_gguf(tmp_path / "tiny.gguf", hf_weights()), progress=True)
+    assert "loading tensors" not in capfd.readouterr().err  # no tqdm bar between JSON log lines
+    lines = [r for r in caplog.records if r.name == "inferd.models.progress"]
+    assert [r.percent for r in lines] == list(range(0, 101, 10)), [r.getMessage() for r in lines]
+    assert lines[-1].getMessage().startswith("loading tensors: done") and lines[-1].duration_s >= 0

@@ -58,6 +58,14 @@ def test_weights_equal_saved_model(tiny):
     assert all(torch.equal(loaded.weights[k], v.float()) for k, v in expected.items())
 
 
+def test_load_progress_is_log_lines_and_no_bar_off_a_terminal(tiny, capfd, caplog):
+    caplog.set_level("INFO", logger="inferd.models")
+    load_model(tiny[0], progress=True)
+    assert "loading tensors" not in capfd.readouterr().err
+    lines = [r.getMessage() for r in caplog.records if r.name == "inferd.models.progress"]
+    assert lines[0].startswith("loading tensors: ") and lines[-1].startswith("loading tensors: done"), lines
+
+
 def test_config_from_config_json(tiny):
     loaded = load_model(tiny[0], progress=False)
     c = loaded.config
