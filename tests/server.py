@@ -30,9 +30,10 @@ def running_server(log_path: Path, *args: str, embeddings: bool = False, classic
 
 @contextmanager
 def server_process(log_path: Path, *args: str, embeddings: bool = False, classical: bool = False,
-                   policy: bool = False, startup_timeout_s: float = STARTUP_TIMEOUT_S
+                   policy: bool = False, startup_timeout_s: float = STARTUP_TIMEOUT_S, own_group: bool = False
                    ) -> Iterator[tuple[subprocess.Popen, str]]:
-    """running_server's process and URL, for a test that kills it; terminated at the end if it still runs."""
+    """running_server's process and URL, for a test that kills it; terminated at the end if it still runs.
+    own_group: its own process group (os.killpg(proc.pid, SIGINT) is a terminal's Ctrl-C)."""
     port = free_port()
     cmd = [sys.executable, "-m", "inferd.cli", "serve", "--dtype", "float32", "--port", str(port),
            "--db", db_url(log_path), "--usage-journal", str(log_path.with_name("usage.journal")),
@@ -44,7 +45,7 @@ def server_process(log_path: Path, *args: str, embeddings: bool = False, classic
     if not policy and "--config" not in args:
         cmd += ["--policy-model", "none"]
     with log_path.open("a") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=own_group)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, log_path, startup_timeout_s)

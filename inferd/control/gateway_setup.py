@@ -8,12 +8,14 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from uvicorn.main import STARTUP_FAILURE
 
 from inferd.console.routes import Console
 from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.gateway.app import Gateway, build_gateway_app
 from inferd.gateway.config import GatewayConfig, load_settings_file
 from inferd.control.kinds import gateway_model
+from inferd.control.pool import ReplicaPool
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.keys import NewKey
 from inferd.gateway.limits import MemoryLimiter
@@ -146,6 +148,29 @@ def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, l
     sys.setswitchinterval(0.0005)
     gc.collect()
     gc.freeze()  # a full collection walked start-up's ~110,000 objects: 80 ms of a stopped event loop
-    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level,
-                ws_max_size=MAX_WS_FRAME_BYTES, http=ReadDeadlineProtocol,
-                log_config=None, access_log=False, timeout_graceful_shutdown=5)
+    server = GatewayServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                          ws_max_size=MAX_WS_FRAME_BYTES, http=ReadDeadlineProtocol,
+                                          log_config=None, access_log=False, timeout_graceful_shutdown=5),
+                           pools=[s for s in services if isinstance(s, ReplicaPool)])
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn raises the SIGINT it caught again once it has shut down
+        pass
+    if not server.started:  # it could not listen (uvicorn.run's exit code)
+        sys.exit(STARTUP_FAILURE)
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server whose shutdown signal (SIGTERM, Ctrl-C) halts the replica pools at once: the shutdown
+    stops the pools first, then (the app's shutdown: Gateway.close) their replicas. Without it a pool took the
+    replicas that a terminal's Ctrl-C also stopped for crashed ones while the gateway waited for its
+    connections, and started others."""
+
+    def __init__(self, config: uvicorn.Config, pools: list[ReplicaPool]):
+        super().__init__(config)
+        self.pools = pools
+
+    def handle_exit(self, sig, frame) -> None:
+        for pool in self.pools:
+            pool.halt()
+        super().handle_exit(sig, frame)

@@ -9,6 +9,7 @@ With an autoscaling spec, an Autoscaler sets the target from the deployment's si
 Public API (call on the gateway's event loop; other control-plane parts, e.g. rollouts, use these):
     pool.scale_to(n, reason)   the target; starts or drains replicas towards it at once
     await pool.drain_all()     drain every replica and wait until all have stopped (target 0)
+    pool.halt()                the gateway is shutting down: start, replace, drain nothing more (any thread)
     await pool.close()         stop every replica now (gateway shutdown); close_now() from any thread
     pool.forget(handles)       someone else stops these replicas: no longer kept or replaced (any thread)
     pool.members               the replicas (Member: handle, upstream, state) in start order
@@ -126,12 +127,18 @@ class ReplicaPool:
                 and record.deployment_version == self.deployment.version:
             self.ttft.add(time.monotonic(), record.ttft_s)
 
+    def halt(self) -> None:
+        """The gateway's shutdown began (its signal handler calls this, before the app's shutdown): from now on no
+        replica starts, and one that exits (a terminal's Ctrl-C reaches the replicas too) is not replaced."""
+        self._closed = True
+
     async def close(self) -> None:
         """Stops every replica now (running requests are cut); no new ones start."""
-        self._closed = True
+        self.halt()
         if self._loop_task is not None:
             self._loop_task.cancel()
         members, self.members = self.members, []
+        log.info("deployment %s: stopping %d replica(s)", self.name, len(members))
         for m in members:
             m.state = STOPPED
         await asyncio.gather(*(asyncio.to_thread(m.handle.stop) for m in members))  # all at once
@@ -301,8 +308,11 @@ class ReplicaPool:
     def _replace(self, m: Member) -> None:
         """A replica died: out of routing now; a new one takes its name (unless it was being drained)."""
         was_draining = m.state == DRAINING
-        log.error("deployment %s: replica %s on %s exited; %s", self.name, m.upstream.name, m.handle.url,
-                  "it was draining" if was_draining else "starting a replacement")
+        if self._closed:
+            log.info("deployment %s: replica %s exited (shutting down)", self.name, m.upstream.name)
+        else:
+            log.error("deployment %s: replica %s on %s exited; %s", self.name, m.upstream.name, m.handle.url,
+                      "it was draining" if was_draining else "starting a replacement")
         if m.task is not None:
             m.task.cancel()
         m.state = STOPPED
