@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 WINDOW_S = 0.5  # how often others' use is measured (a read of /proc/stat: tens of microseconds)
 # A thread more than the free cores' count pays while others use at most BEARABLE of the core it shares
-# (benchmarks/neighbours.py); the band of +-BAND around it keeps the count from flapping at its edge.
+# (benchmarks/results/threads-beside-zen3-avx2.md: 2 threads over 1 crosses 1.0 between 0.3 and 0.5 of a core at
+# 1-32 streams); the band of +-BAND around it keeps the count from flapping at its edge.
 BEARABLE, BAND = 0.3, 0.05
 _BUSY = (0, 1, 2, 5, 6, 7)  # /proc/stat cpuN's user nice system [idle iowait] irq softirq steal
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
