@@ -192,7 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
                 spec = load_spec(args.config)
             except SpecError as exc:
                 raise ValueError(f"{args.config}: {exc}") from None
-            shares = cpu_shares(spec.deployments)
+            shares, shown = cpu_shares(spec.deployments)
             plans = spec_plans(spec, _log_flags(args), shares.deployments)
         else:
             _check_sources(args)
@@ -201,7 +201,7 @@ def _serve(args: argparse.Namespace) -> int:
                                                                   (classical_spec, args.classical_model),
                                                                   (policy_spec, args.policy_model))
                                 if source != "none"])
-            shares = cpu_shares(spec.deployments, flags_text=True)
+            shares, shown = cpu_shares(spec.deployments, flags_text=True)
             plans = local_plans(args, replica_args(args.model, args.served_model_name, engine, _log_flags(args)),
                                 shares.deployments[FLAGS_TEXT]) + spec_plans(spec, _log_flags(args),
                                                                              shares.deployments)
@@ -210,6 +210,7 @@ def _serve(args: argparse.Namespace) -> int:
         if shares.gateway is not None:  # its own share; each replica sets its own as it starts (replicas.in_child)
             os.sched_setaffinity(0, shares.gateway)
         store = open_store(config, api_key)  # the first write, once every flag passed (or --db is unusable)
+    log.info(shown)
     try:
         deployments = start_deployments(plans, config)  # then each local deployment's pool keeps its replicas
         gate = release_gate(plans, deployments)  # a version below its quality floor takes no traffic

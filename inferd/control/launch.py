@@ -58,17 +58,16 @@ def spec_plans(spec: ServiceSpec, log_flags: Sequence[str] = (),
     return plans
 
 
-def cpu_shares(specs: Sequence[DeploymentSpec], flags_text: bool = False) -> Shares:
+def cpu_shares(specs: Sequence[DeploymentSpec], flags_text: bool = False) -> tuple[Shares, str]:
     """The CPUs of each deployment with local replicas (by replica_prefix; with flags_text also `inferd serve`'s
-    text model from flags, FLAGS_TEXT) and the gateway's (control/cpus.py), logged once."""
+    text model from flags, FLAGS_TEXT) and the gateway's (control/cpus.py), and a line that says so for the log."""
     wanted = [(FLAGS_TEXT, "text", AUTO)] if flags_text else []
     wanted += [(replica_prefix(d), d.kind, d.placement.cpus) for d in specs
                if d.external is None and d.placement.backend == "local"]
     shares = allocate(machine_cpus(), wanted)
     kinds = {name: kind for name, kind, _ in wanted}
-    log.info("CPUs %s: gateway %s%s", cpulist(machine_cpus()), _shown(shares.gateway),
-             "".join(f"; {name} ({kinds[name]}) {_shown(cpus)}" for name, cpus in shares.deployments.items()))
-    return shares
+    return shares, (f"CPUs {cpulist(machine_cpus())}: gateway {_shown(shares.gateway)}"
+                    + "".join(f"; {name} ({kinds[name]}) {_shown(cpus)}" for name, cpus in shares.deployments.items()))
 
 
 def _shown(cpus: list[int] | None) -> str:

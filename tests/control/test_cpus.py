@@ -113,7 +113,7 @@ def test_a_spec_pins_its_replicas(tmp_path):
     spec = load_spec(write(tmp_path, SPEC), verify_digests=False)
     chat, minilm, hosted = spec.deployments
     assert chat.placement.cpus == str(machine_cpus()[0]) and minilm.placement.cpus == "auto"
-    shares = cpu_shares(spec.deployments)
+    shares, _ = cpu_shares(spec.deployments)
     assert list(shares.deployments) == ["chat", "minilm"]  # an external deployment has no replicas to pin
     plans = spec_plans(spec, cpus=shares.deployments)
     assert plans[0].replicas[0].cpus == [machine_cpus()[0]] == plans[0].make().cpus

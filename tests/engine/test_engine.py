@@ -198,7 +198,7 @@ def test_settings_that_cannot_be_honoured_are_rejected_at_start():
 
 def test_small_decode_steps_can_leave_a_core_and_the_others_use_all(monkeypatch):
     assert make_engine(num_threads=2).small_step_threads == 2  # the default: all of them
-    engine = make_engine(num_threads=2, small_step_threads=1, small_step_seqs=2)
+    engine = make_engine(num_threads=2, small_step_threads=1, small_step_seqs=2, adapt_threads=False)
     seen, forward = [], engine.runner.run
 
     def run_recording_threads(batch, between=None):
