@@ -1,7 +1,8 @@
 """Served decode beside other work: `inferd serve` and vLLM CPU in turn, each alone, beside a busy process and
 beside another model kind under load; and the embedding model beside text decode. One table.
 
-Targets (started once, taking turns in every round, so that the machine's drift falls on all):
+Targets (started once, taking turns in every round, each round starting one further along, so that the machine's
+drift and the order fall on all):
   serve:<fmt>  one `inferd serve --config` with a text deployment per format (served_decode.py's formats: e.g.
                auto:none, the default; auto:none+num_threads=1; auto:none+adapt_threads=false, the engine before
                it followed the free cores) and the default embedding deployment (all-MiniLM-L6-v2)
@@ -140,7 +141,7 @@ def main() -> None:
         embed_runs: dict[str, list[float]] = {"alone": [], "beside_text_b8": []}
         seed = 0
         for r in range(args.rounds):
-            for t in targets:
+            for t in targets[r % len(targets):] + targets[:r % len(targets)]:  # each round starts with another
                 for c in conditions:
                     for b in batches:
                         seed += 1
