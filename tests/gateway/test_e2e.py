@@ -143,7 +143,9 @@ def test_100_concurrent_requests_cannot_overspend_the_budget(server, url):
     key = new_tenant_key(server[1], name, "--budget-usd", str(budget), "--budget-period", "day")
     responses = fire(url, key, 100, max_tokens=4)
     refused = [r.json()["error"]["code"] for r in responses if r.status_code != 200]
-    assert refused and set(refused) == {"budget"}
+    # the budget refuses; the tenant's share of the bounded queue may refuse a burst's excess first, before its
+    # prompts are planned (requests being planned hold their places), which is no overspend
+    assert "budget" in refused and set(refused) <= {"budget", "queue_full", "queued_tokens", "tenant_queue_share"}
     rows = records(server, name)
     spent = sum(r["cost_usd"] for r in rows)
     worst_case = max(r["prompt_tokens"] for r in rows if r["status"] == "completed") * 1000e-6 + 4 * 2000e-6
