@@ -6,8 +6,8 @@
 set -euo pipefail
 VENV=${1:-.venv-vllm}
 VERSION=0.32.0
-if [ -f "$VENV/.installed" ]; then
-    echo "$VENV has vLLM already"; exit 0
+if [ -f "$VENV/.installed" ]; then  # .ci/run marked it .installing before it knew; the tests wait while it is
+    rm -f "$VENV/.installing"; echo "$VENV has vLLM already"; exit 0
 fi
 # $VENV/.installing while this runs (CI runs it beside the tests, whose vLLM tests wait for it), .installed after
 mkdir -p "$VENV" && touch "$VENV/.installing"
