@@ -91,6 +91,7 @@ class Gateway:
 
     async def start(self) -> None:
         await self.usage.start()  # inserts what a killed predecessor journaled before anything is served
+        self.keys.start()
         for service in self.services:
             await service.start(self)
         await self.batch_runner.start()  # resumes the store's unfinished batches
@@ -99,6 +100,7 @@ class Gateway:
     async def close(self) -> None:
         await self.async_runner.close()
         await self.batch_runner.close()
+        await self.keys.close()
         for service in self.services:
             await service.close()
         await self.usage.close()

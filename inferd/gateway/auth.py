@@ -1,5 +1,9 @@
 """API key authentication with a short-lived cache, so revocation reaches every gateway within a second.
 
+The keys used in the last WARM_S are read again in the background, all in one query, every half TTL: a key
+in use never waits for a store read (a burst after a quiet second waited ~100 ms for one, the read's thread
+starved of the GIL by the burst itself), and its revocation still takes effect within the TTL.
+
 A key id the store does not have is cached as absent for the same TTL, so repeating an unknown key costs one
 store read per TTL. Random keys are each new, so failed authentications are also limited per client
 address (a token bucket): an address past its allowance is answered 429 at once, without a store read,
@@ -26,6 +30,8 @@ AUTH_FAILURES_PER_S = 1.0  # and then this many a second
 MAX_TRACKED_ADDRESSES = 10_000  # beyond, the least recently failed address is forgotten
 STALE_KEY_MAX_S = 3600.0  # a valid key's cached entry serves this long past its TTL while the store is down
 STORE_RETRY_S = 1.0  # after a failed store read, keys not cached are refused this long without a read
+WARM_S = 600.0  # a valid key used within this long is kept fresh in the background
+MAX_WARM_KEYS = 2_000  # at most this many, the most recently used
 
 
 class FailedAuthentications:
@@ -71,6 +77,16 @@ class KeyCache:
         self._store_down_until = 0.0  # time.monotonic() before which the store is not read
         self._cache: dict[str, tuple[float, tuple[KeyPolicy, str] | None]] = {}
         self._loading: dict[str, asyncio.Future] = {}
+        self._used: dict[str, float] = {}  # lookup id of a valid key: when it last authenticated
+        self._warmer: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._warmer = asyncio.get_running_loop().create_task(self._keep_warm())
+
+    async def close(self) -> None:
+        if self._warmer is not None:
+            self._warmer.cancel()
+            await asyncio.gather(self._warmer, return_exceptions=True)
 
     async def authenticate(self, authorization: str | None, client: str | None = None) -> KeyPolicy:
         """The key's policy; client (the peer's address) is charged for a failure and refused past its allowance."""
@@ -79,6 +95,7 @@ class KeyCache:
         lookup = lookup_id_of(key) if scheme.lower() == "bearer" and key else None
         cached = self._cached(lookup) if lookup else None
         if cached is not None and key_matches(key, cached[1]):
+            self._used[lookup] = time.monotonic()
             return cached[0]
         if client is not None and (wait_s := self.failures.retry_after_s(client)):
             raise RateLimitExceeded(f"Too many failed authentications from {client}; retry after {wait_s:.1f} s.",
@@ -91,6 +108,7 @@ class KeyCache:
         if found is None or not key_matches(key, found[1]):
             self._failed(client)
             raise AuthenticationFailed("Incorrect API key provided.")
+        self._used[lookup] = time.monotonic()
         return found[0]
 
     def _failed(self, client: str | None) -> None:
@@ -125,6 +143,29 @@ class KeyCache:
             self._evict_expired()
         self._cache[lookup] = (time.monotonic() + self.ttl_s, found)
         return found
+
+    async def _keep_warm(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 2)
+            now = time.monotonic()
+            for lookup in [k for k, at in self._used.items() if now - at > WARM_S]:
+                del self._used[lookup]
+            if len(self._used) > MAX_WARM_KEYS:
+                self._used = dict(sorted(self._used.items(), key=lambda kv: kv[1])[-MAX_WARM_KEYS:])
+            if not self._used or now < self._store_down_until:
+                continue
+            lookups = list(self._used)
+            try:
+                self.store_reads += 1
+                found = await asyncio.to_thread(self.store.find_keys, lookups)
+            except UNAVAILABLE:
+                self.store_failures += 1
+                self._store_down_until = time.monotonic() + STORE_RETRY_S
+                continue
+            for lookup in lookups:  # valid until a TTL after the read began: what the store said then
+                self._cache[lookup] = (now + self.ttl_s, found.get(lookup))
+                if lookup not in found:  # revoked: no longer kept
+                    self._used.pop(lookup, None)
 
     def _stale(self, lookup: str) -> tuple[KeyPolicy, str]:
         """While the store is down: the key's last valid entry, else 503 (an unknown key is never let in)."""

@@ -160,15 +160,20 @@ class Store:
 
     def find_key(self, lookup_id: str) -> tuple[KeyPolicy, str] | None:
         """The live key with this lookup id and its stored hash."""
-        query = select(api_keys, tenants).join(tenants).where(api_keys.c.lookup_id == lookup_id,
+        return self.find_keys([lookup_id]).get(lookup_id)
+
+    def find_keys(self, lookup_ids: list[str]) -> dict[str, tuple[KeyPolicy, str]]:
+        """The live keys among these lookup ids, each with its stored hash, in one query."""
+        query = select(api_keys, tenants).join(tenants).where(api_keys.c.lookup_id.in_(lookup_ids),
                                                               api_keys.c.revoked_unix_s.is_(None))
         with self.engine.connect() as conn:
-            row = conn.execute(query).first()
-        if row is None:
-            return None
-        key = {c.name: row._mapping[c] for c in api_keys.c}
-        tenant = {c.name: row._mapping[c] for c in tenants.c}
-        return key_policy(key, tenant_policy(tenant)), key["key_hash"]
+            rows = conn.execute(query).all()
+        found = {}
+        for row in rows:
+            key = {c.name: row._mapping[c] for c in api_keys.c}
+            tenant = {c.name: row._mapping[c] for c in tenants.c}
+            found[key["lookup_id"]] = key_policy(key, tenant_policy(tenant)), key["key_hash"]
+        return found
 
     # usage
 

@@ -88,3 +88,29 @@ async def test_ten_thousand_random_keys_read_the_store_once_per_unknown_id_withi
     allowance = AUTH_FAILURE_BURST + (time.monotonic() - started) * AUTH_FAILURES_PER_S + 1
     assert keys.store_reads <= 1 + 10 * allowance
     assert (await keys.authenticate(f"Bearer {good}", "10.0.0.1")).tenant.name == "t"  # cached: still served
+
+
+async def test_a_key_in_use_stays_fresh_without_a_read_at_request_time_and_its_revocation_still_lands(
+        store_and_key):
+    """The background refresh keeps a used key's entry fresh past many TTLs (no request waits for a read), reads
+    all such keys in one query a half TTL, and a revocation refuses the key within about a TTL."""
+    import asyncio
+    from inferd.gateway.keys import lookup_id_of
+    store, good = store_and_key
+    _, other = store.create_key("t")
+    keys = KeyCache(store, ttl_s=0.2)
+    keys.start()
+    try:
+        for key in (good, other.key):
+            assert (await keys.authenticate(f"Bearer {key}")).tenant.name == "t"
+        reads = keys.store_reads
+        await asyncio.sleep(1.0)  # five TTLs
+        assert keys._cached(lookup_id_of(good)) is not None and keys._cached(lookup_id_of(other.key)) is not None
+        assert 5 <= keys.store_reads - reads <= 11  # one query per half TTL (0.1 s) for both keys
+        assert store.revoke_key(lookup_id_of(good))
+        await asyncio.sleep(0.3)  # a TTL and a half
+        with pytest.raises(AuthenticationFailed):
+            await keys.authenticate(f"Bearer {good}")
+        assert (await keys.authenticate(f"Bearer {other.key}")).tenant.name == "t"
+    finally:
+        await keys.close()
