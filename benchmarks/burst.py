@@ -55,6 +55,7 @@ async def burst(port: int, n: int, prompt_words: int, wait_s: float) -> dict:
     for (_, writer), payload in zip(conns, payloads):
         writer.write(payload)
         sent.append(time.perf_counter())
+    written_ms = (sent[-1] - sent[0]) * 1e3  # how long the client took to send the burst
     try:
         results = await asyncio.gather(*(status(i, r, s) for i, ((r, _), s) in enumerate(zip(conns, sent))))
     finally:
@@ -65,7 +66,7 @@ async def burst(port: int, n: int, prompt_words: int, wait_s: float) -> dict:
     codes: dict[str, int] = {}
     for code, _ in results:
         codes[str(code)] = codes.get(str(code), 0) + 1
-    return {"codes": codes, "refusal_ms": {"p50": quantile(refused, 0.5), "p99": quantile(refused, 0.99),
+    return {"codes": codes, "written_ms": round(written_ms, 2), "refusal_ms": {"p50": quantile(refused, 0.5), "p99": quantile(refused, 0.99),
                                            "max": quantile(refused, 1.0)},
             "admitted_first_token_ms": {"p50": quantile(admitted, 0.5), "p99": quantile(admitted, 0.99)}}
 

@@ -42,14 +42,17 @@ from inferd.protocol.http import read_body
 RUNNING = ("queued", "in_progress")
 ENDED = ("completed", "failed", "cancelled")
 MAX_DELIVERIES_SHOWN = 20
+_ASYNC = headers.ASYNC.encode()
 
 
 def wants_async(request: Request) -> bool:
     """Prefer: respond-async (among other preferences), or x-inferd-async: 1 / true."""
-    prefer = request.headers.get("prefer", "")
-    if any(p.split(";")[0].strip().lower() == "respond-async" for p in prefer.split(",")):
-        return True
-    return request.headers.get(headers.ASYNC, "").strip().lower() in ("1", "true", "yes")
+    for name, value in request.scope["headers"]:  # the raw list, once: every serving request asks this
+        if name == b"prefer" and any(p.split(b";")[0].strip().lower() == b"respond-async" for p in value.split(b",")):
+            return True
+        if name == _ASYNC and value.strip().lower() in (b"1", b"true", b"yes"):
+            return True
+    return False
 
 
 class AsyncJobStore:

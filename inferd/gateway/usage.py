@@ -21,8 +21,10 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+import orjson
 
 from inferd.gateway.store import Store
 from inferd.protocol.headers import UsageStatus
@@ -59,6 +61,9 @@ class UsageRecord:
     batch_id: str | None = None  # a batch line's batch
     ended_unix_s: float = field(default_factory=time.time)
     record_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+RECORD_FIELDS = tuple(f.name for f in fields(UsageRecord))
 
 
 @dataclass(slots=True)
@@ -139,8 +144,10 @@ class UsageWriter:
         c.cached_tokens += record.cached_tokens
         c.completion_tokens += record.completion_tokens
         c.cost_usd += record.cost_usd
-        row = asdict(record)
-        os.write(self._fd, json.dumps(row, separators=(",", ":")).encode() + b"\n")
+        row = {name: getattr(record, name) for name in RECORD_FIELDS}  # dataclasses.asdict deep-copies: ~80 µs
+        if row["units"] is not None:
+            row["units"] = dict(row["units"])
+        os.write(self._fd, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
         self._dirty = True
         self._journaled += 1
         self._unstored += 1
