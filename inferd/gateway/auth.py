@@ -15,6 +15,7 @@ refused 503 `store_unavailable` (fail closed), and for STORE_RETRY_S after a fai
 tried again, so a flood of unknown keys during an outage costs no connection attempts.
 """
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 
@@ -23,6 +24,8 @@ from inferd.gateway.limits import retry_after_header
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.store import UNAVAILABLE, Store
 from inferd.protocol.errors import AuthenticationFailed, RateLimitExceeded, ServiceUnavailable
+
+log = logging.getLogger(__name__)
 
 MAX_CACHED_KEYS = 10_000
 AUTH_FAILURE_BURST = 20  # failed authentications an address may make at once
@@ -161,6 +164,9 @@ class KeyCache:
             except UNAVAILABLE:
                 self.store_failures += 1
                 self._store_down_until = time.monotonic() + STORE_RETRY_S
+                continue
+            except Exception:  # the entries then expire as they would without this task
+                log.exception("reading the keys in use again failed")
                 continue
             for lookup in lookups:  # valid until a TTL after the read began: what the store said then
                 self._cache[lookup] = (now + self.ttl_s, found.get(lookup))

@@ -1,0 +1,151 @@
+"""What a user who benchmarks the usual way sees: a standard load generator against `inferd serve` and vLLM CPU,
+in turn, on the same machine, the load generator's processes on the same cores.
+
+guidellm (its own venv: `python3.11 -m venv ../venv-lg && ../venv-lg/bin/pip install guidellm`) sends requests at
+a constant rate (--rates, requests/s) for --seconds, synthetic prompts of --prompt-tokens and --output-tokens
+counted with the model's own tokenizer (inferd's Hugging Face export of the packaged SmolLM2; no hub). Each target
+serves the same weights with the same limits (served_decode.py's SETTINGS): `inferd serve` with its default
+deployment (threads follow the free cores), and vLLM CPU started as inferd's vLLM runtime starts it. Rounds take
+turns, each starting with the next target; medians of the rounds of guidellm's own TTFT and ITL percentiles.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/load_generators.py --guidellm ../venv-lg/bin/guidellm \\
+        --out benchmarks/results/load-generators.json
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import torch
+
+from benchmarks.engine import _cpu_name, _loadavg
+from benchmarks.served_decode import KEY, SETTINGS, deployment_name, quiet, start_serve
+from inferd.control.runtimes import RuntimeProcess
+from inferd.control.spec import EngineChoice
+from inferd.engine.config import EngineConfig
+from inferd.models.export import exported_dir
+from inferd.models.loader import default_model_path
+
+FORMAT = "auto:none"  # inferd serve's default deployment
+
+
+def guidellm(binary: str, url: str, key: str, model: str, tokenizer: Path, rate: float, seconds: float,
+             prompt_tokens: int, output_tokens: int, work: Path) -> dict:
+    """One guidellm run at a constant rate; its TTFT and ITL percentiles (ms), requests completed and errored."""
+    out = work / f"guidellm-{model}-{rate:g}.json"
+    scenario = {"spec": {
+        "backend": {"kind": "openai_http", "target": url, "model": model, "api_key": key,
+                    "request_format": "/v1/chat/completions"},
+        "profile": {"kind": "constant", "rate": [rate]},
+        "constraints": [{"kind": "max_duration", "seconds": seconds}],
+        "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
+        "data": [{"kind": "synthetic_text", "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}],
+        "outputs": [{"kind": "json", "path": str(out)}]}}
+    (work / "scenario.json").write_text(json.dumps(scenario))
+    run = subprocess.run([binary, "run", "--scenario", str(work / "scenario.json"), "--disable-console-interactive"],
+                         capture_output=True, text=True, timeout=seconds + 600)
+    if run.returncode != 0 or not out.exists():
+        raise RuntimeError(f"guidellm failed ({run.returncode}): {run.stderr[-2000:]}")
+    return summary(json.loads(out.read_text()))
+
+
+def summary(report: dict) -> dict:
+    """TTFT and ITL p50/p95/p99 (ms) of the successful requests, and the counts, from guidellm's JSON report."""
+    (bench,) = report["benchmarks"]
+    metrics = bench["metrics"]
+
+    def pcts(name: str) -> dict:
+        d = metrics[name]["successful"]["percentiles"]
+        return {p: round(d[p], 1) for p in ("p50", "p95", "p99")}
+    totals = bench["scheduler_metrics"]["requests_made"] if "scheduler_metrics" in bench else {}
+    return {"ttft_ms": pcts("time_to_first_token_ms"), "itl_ms": pcts("inter_token_latency_ms"),
+            "requests": {k: totals.get(k) for k in ("successful", "errored", "incomplete")}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--guidellm", default="../venv-lg/bin/guidellm")
+    ap.add_argument("--vllm-python", default=os.environ.get("INFERD_VLLM_PYTHON") or ".venv-vllm/bin/python")
+    ap.add_argument("--rates", default="1,2")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--note", default="", help="what else ran on the machine")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="load-generators-"))
+    tokenizer = exported_dir(default_model_path())
+    stops: list = []
+    try:
+        serve, url = start_serve(work, [FORMAT])
+        stops.append(serve.terminate)
+        targets = {"inferd": (url, KEY, deployment_name(FORMAT))}
+        vllm = RuntimeProcess(None, "smol-vllm", EngineConfig(**SETTINGS), EngineChoice("vllm", args.vllm_python, []))
+        vllm.start()
+        stops.append(vllm.stop)
+        vllm.wait_ready(1800)
+        targets["vllm"] = (vllm.url, vllm.api_key, "smol-vllm")
+        for url_, key, model in targets.values():  # the first request of a shape pays its warm-up
+            httpx.post(f"{url_}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=300,
+                       json={"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi " * 250}]})
+        runs = {name: {f"{r:g}": [] for r in rates} for name in targets}
+        names = list(targets)
+        for i in range(args.rounds):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                for rate in rates:
+                    quiet()
+                    got = guidellm(args.guidellm, *targets[name], tokenizer, rate, args.seconds, args.prompt_tokens,
+                                   args.output_tokens, work)
+                    runs[name][f"{rate:g}"].append(got)
+                    print(f"round {i} {name} {rate:g}/s: {json.dumps(got)}", file=sys.stderr, flush=True)
+    finally:
+        for stop in reversed(stops):
+            stop()
+    medians = {name: {rate: {m: {p: statistics.median(g[m][p] for g in got) for p in ("p50", "p95", "p99")}
+                             for m in ("ttft_ms", "itl_ms")} for rate, got in by.items()} for name, by in runs.items()}
+    def ratio(rate: str, m: str, p: str) -> float | None:  # None where a target completed no request
+        a, b = medians["inferd"][rate][m][p], medians["vllm"][rate][m][p]
+        return round(a / b, 2) if a and b else None
+    ratios = {rate: {f"{m}_{p}": ratio(rate, m, p) for m in ("ttft_ms", "itl_ms") for p in ("p50", "p95")}
+              for rate in medians["inferd"]}
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+                          "load_average_after": _loadavg(), "shared": args.note or "nothing else running"},
+              "settings": SETTINGS | {k: v for k, v in vars(args).items() if k not in ("out", "guidellm", "vllm_python")},
+              "runs": runs, "medians": medians, "inferd_over_vllm": ratios}
+    text = markdown(result)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.out.removesuffix(".json") + ".md").write_text(text)
+
+
+def markdown(r: dict) -> str:
+    s, m = r["settings"], r["machine"]
+    lines = [f"# guidellm against inferd serve and vLLM CPU ({r['date']})", "",
+             f"{m['cpu']}, {m['cores']} cores; {s['prompt_tokens']} in / {s['output_tokens']} out, constant rate, "
+             f"{s['seconds']:g} s a run, {s['rounds']} rounds, medians; {m['shared']}.", "",
+             "| rate req/s | target | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms | requests done |",
+             "|---|---|---|---|---|---|---|"]
+    for rate in r["medians"]["inferd"]:
+        for name, by in r["medians"].items():
+            t, i = by[rate]["ttft_ms"], by[rate]["itl_ms"]
+            done = statistics.median(g["requests"]["successful"] or 0 for g in r["runs"][name][rate])
+            lines.append(f"| {rate} | {name} | {t['p50']:.0f} | {t['p95']:.0f} | {i['p50']:.1f} | {i['p95']:.1f} | "
+                         f"{done:g} |")
+        x = {k: "-" if v is None else f"{v:.2f}x" for k, v in r["inferd_over_vllm"][rate].items()}
+        lines.append(f"| {rate} | inferd / vLLM | {x['ttft_ms_p50']} | {x['ttft_ms_p95']} | {x['itl_ms_p50']} | "
+                     f"{x['itl_ms_p95']} | |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
