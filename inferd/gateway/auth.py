@@ -132,13 +132,20 @@ class KeyCache:
             self._loading[lookup] = asyncio.ensure_future(self._load(lookup))
         return await asyncio.shield(self._loading[lookup])
 
-    async def _load(self, lookup: str) -> tuple[KeyPolicy, str] | None:
+    async def _read(self, read, arg):
+        """read(arg) in a thread, counted; after a failed one the store is not tried for STORE_RETRY_S."""
+        self.store_reads += 1
         try:
-            self.store_reads += 1
-            found = await asyncio.to_thread(self.store.find_key, lookup)
+            return await asyncio.to_thread(read, arg)
         except UNAVAILABLE:
             self.store_failures += 1
             self._store_down_until = time.monotonic() + STORE_RETRY_S
+            raise
+
+    async def _load(self, lookup: str) -> tuple[KeyPolicy, str] | None:
+        try:
+            found = await self._read(self.store.find_key, lookup)
+        except UNAVAILABLE:
             return self._stale(lookup)
         finally:
             del self._loading[lookup]
@@ -159,11 +166,8 @@ class KeyCache:
                 continue
             lookups = list(self._used)
             try:
-                self.store_reads += 1
-                found = await asyncio.to_thread(self.store.find_keys, lookups)
+                found = await self._read(self.store.find_keys, lookups)
             except UNAVAILABLE:
-                self.store_failures += 1
-                self._store_down_until = time.monotonic() + STORE_RETRY_S
                 continue
             except Exception:  # the entries then expire as they would without this task
                 log.exception("reading the keys in use again failed")
