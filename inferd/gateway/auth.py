@@ -1,8 +1,8 @@
 """API key authentication with a short-lived cache, so revocation reaches every gateway within a second.
 
 The keys used in the last WARM_S are read again in the background, all in one query, every half TTL: a key
-in use never waits for a store read (a burst after a quiet second waited ~100 ms for one, the read's thread
-starved of the GIL by the burst itself), and its revocation still takes effect within the TTL.
+in use never waits for a store read (a burst after a quiet second waited for one, the read's thread starved of
+the GIL by the burst itself: benchmarks/README.md), and its revocation still takes effect within the TTL.
 
 A key id the store does not have is cached as absent for the same TTL, so repeating an unknown key costs one
 store read per TTL. Random keys are each new, so failed authentications are also limited per client
