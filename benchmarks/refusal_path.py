@@ -1,0 +1,93 @@
+"""What one refusal costs the gateway's event loop, in process: no sockets, no client on the same cores.
+
+A gateway (tests/gateway/test_lifecycle.py's: SQLite store, in-process limiter, a word tokenizer) whose one
+deployment has one slot, held by a request its replica never answers, and no queue: every further chat request is
+refused 503 queue_full after auth, the body, the early checks and its usage record. --requests of them are sent as
+raw ASGI calls at once; prints microseconds per refusal, and with --profile cProfile's top functions.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/refusal_path.py --requests 2000 [--profile]
+"""
+import argparse
+import asyncio
+import cProfile
+import gc
+import json
+import pstats
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from inferd.gateway.app import build_gateway_app
+from tests.gateway.test_lifecycle import CHAT, Replicas, deployment, make_gateway
+
+
+async def run(n: int, profile: bool) -> None:
+    hold = asyncio.Event()
+
+    async def never(request: httpx.Request) -> httpx.Response:
+        await hold.wait()
+        return httpx.Response(200, json={})
+    gw, key = make_gateway(Path(tempfile.mkdtemp(prefix="refusal-path-")), Replicas(a=never),
+                           [deployment("m", "a", inflight=1)])
+    gw.deployments.get("m").queue.config.max_queue_len = 0
+    app = build_gateway_app(gw)
+    await gw.start()
+    gc.collect()
+    gc.freeze()  # as run_gateway does after start-up
+    body = json.dumps(CHAT | {"model": "m"}).encode()
+    head = [(b"host", b"x"), (b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode())]
+    statuses: list[int] = []
+
+    async def one() -> None:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+                 "query_string": b"", "root_path": "", "headers": head, "client": ("127.0.0.1", 5000),
+                 "server": ("127.0.0.1", 8000)}
+        sent = False
+
+        async def receive() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.sleep(3600)
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+        await app(scope, receive, send)
+
+    holder = asyncio.create_task(one())  # takes the one slot
+    await asyncio.sleep(0.1)
+    for _ in range(50):  # warm-up
+        await one()
+    statuses.clear()
+    profiler = cProfile.Profile() if profile else None
+    started = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    await asyncio.gather(*(one() for _ in range(n)))
+    if profiler:
+        profiler.disable()
+    elapsed = time.perf_counter() - started
+    print(f"{n} requests, statuses {sorted(set(statuses))}: {elapsed / n * 1e6:.0f} µs a refusal")
+    if profiler:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    hold.set()
+    holder.cancel()
+    await gw.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--profile", action="store_true")
+    args = p.parse_args()
+    asyncio.run(run(args.requests, args.profile))
+
+
+if __name__ == "__main__":
+    main()
