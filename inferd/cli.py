@@ -181,7 +181,9 @@ def _serve(args: argparse.Namespace) -> int:
     from inferd.control.gateway_setup import gateway_config, open_store, run_gateway
     from inferd.control.spec import ServiceSpec, SpecError, load_spec
     from inferd.gateway.keys import imported_key
+    from inferd.gateway.transport import UpstreamTransport
 
+    transport = UpstreamTransport()  # the gateway's; in-process replicas are mounted on it
     with _arguments_checked():  # every flag is checked before the store is touched: a bad one changes nothing
         if args.config and args.model:
             raise ValueError("give MODEL (and engine flags) or --config, not both")
@@ -193,7 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
             except SpecError as exc:
                 raise ValueError(f"{args.config}: {exc}") from None
             shares, shown = cpu_shares(spec.deployments)
-            plans = spec_plans(spec, _log_flags(args), shares.deployments)
+            plans = spec_plans(spec, _log_flags(args), shares.deployments, transport)
         else:
             _check_sources(args)
             engine = config_from(EngineConfig, args)
@@ -204,7 +206,7 @@ def _serve(args: argparse.Namespace) -> int:
             shares, shown = cpu_shares(spec.deployments, flags_text=True)
             plans = local_plans(args, replica_args(args.model, args.served_model_name, engine, _log_flags(args)),
                                 shares.deployments[FLAGS_TEXT]) + spec_plans(spec, _log_flags(args),
-                                                                             shares.deployments)
+                                                                             shares.deployments, transport)
         config = gateway_config(args, default_inflight=args.replicas * args.max_num_seqs)
         api_key = imported_key(args.api_key) if args.api_key else None
         if shares.gateway is not None:  # its own share; each replica sets its own as it starts (replicas.in_child)
@@ -216,7 +218,8 @@ def _serve(args: argparse.Namespace) -> int:
         gate = release_gate(plans, deployments)  # a version below its quality floor takes no traffic
         rollouts = controller_for(plans, deployments, gate)  # canaries: judged, promoted or rolled back
         run_gateway(config, store, deployments, args.log_level,
-                    services=[p.pool for p in plans if p.pool is not None] + ([rollouts] if rollouts else []))
+                    services=[p.pool for p in plans if p.pool is not None] + ([rollouts] if rollouts else []),
+                    transport=transport)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 2

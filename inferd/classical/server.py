@@ -93,10 +93,21 @@ def build_classical_app(runtime: ClassicalRuntime, metrics: ClassicalMetrics, *,
     """runtime's batcher should report to metrics.observe_batch (ClassicalRuntime's on_batch)."""
     readiness = Readiness(loaded_unix_s=loaded_unix_s or time.time())
     metrics.watch_queue(runtime.batcher)
-    return Starlette(routes=ClassicalRoutes(runtime, metrics, readiness).routes(),
-                     lifespan=batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)),
-                     middleware=[Middleware(RequestContextMiddleware, api_key=api_key)],
-                     exception_handlers={HTTPException: http_exception_handler})
+    routes = ClassicalRoutes(runtime, metrics, readiness)
+    app = Starlette(routes=routes.routes(), lifespan=batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)),
+                    middleware=[Middleware(RequestContextMiddleware, api_key=api_key)],
+                    exception_handlers={HTTPException: http_exception_handler})
+    app.state.card = routes.card  # its /v1/models card without a request (an in-process replica's)
+    return app
+
+
+def load_classical_app(model_source: str | Path | None = None, api_key: str | None = None,
+                       served_model_name: str | None = None, config: ClassicalConfig | None = None) -> Starlette:
+    """The model loaded (None: the demo iris classifier, trained on first use) and its app, not yet started."""
+    metrics = ClassicalMetrics()
+    runtime = in_passing_thread(lambda: ClassicalRuntime.load(model_source, config, served_model_name,
+                                                              on_batch=metrics.observe_batch))
+    return build_classical_app(runtime, metrics, api_key=api_key, loaded_unix_s=time.time())
 
 
 async def _warm_up(runtime: ClassicalRuntime) -> str:
@@ -111,11 +122,9 @@ def serve_classical(model_source: str | Path | None = None, host: str = "127.0.0
                     api_key: str | None = None, served_model_name: str | None = None,
                     config: ClassicalConfig | None = None, log_level: str = "info") -> None:
     """Load the model (None: the demo iris classifier, trained on first use), then serve it until interrupted."""
-    metrics = ClassicalMetrics()
-    runtime = in_passing_thread(lambda: ClassicalRuntime.load(model_source, config, served_model_name,
-                                                              on_batch=metrics.observe_batch))
-    app = build_classical_app(runtime, metrics, api_key=api_key, loaded_unix_s=time.time())
-    log.info("serving %s (%s, sha256 %s) on http://%s:%d", runtime.info.name, runtime.info.format,
-             runtime.info.digests["model"], host, port)
+    app = load_classical_app(model_source, api_key, served_model_name, config)
+    card = app.state.card()
+    log.info("serving %s (%s, sha256 %s) on http://%s:%d", card["id"], card["format"], card["digests"]["model"],
+             host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=None,
                 access_log=log_level == "debug", timeout_graceful_shutdown=5)

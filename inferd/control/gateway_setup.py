@@ -20,6 +20,7 @@ from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.keys import NewKey
 from inferd.gateway.limits import MemoryLimiter
 from inferd.gateway.store import Store
+from inferd.gateway.transport import UpstreamTransport
 from inferd.gateway.webhooks import check_networks
 from inferd.protocol.policy import MAX_WS_FRAME_BYTES
 from inferd.protocol.slow_clients import ReadDeadlineProtocol
@@ -95,10 +96,11 @@ def _default_tenant(store: Store) -> None:
 def deployment_for(upstreams: list[Upstream], config: GatewayConfig, model_name: str | None = None,
                    tokenizer_source: str | None = None, max_model_len: int | None = None,
                    queue: QueueConfig | None = None, router: RouterConfig | None = None,
-                   version: str = "v1", runtime: str | None = None) -> Deployment:
-    """A deployment over replicas that serve the same model; its card comes from the first one."""
+                   version: str = "v1", runtime: str | None = None, card: dict | None = None) -> Deployment:
+    """A deployment over replicas that serve the same model; its card comes from the first one (given: an
+    in-process replica's, read without a request)."""
     try:
-        card = describe_upstream(upstreams[0].base_url, upstreams[0].api_key)
+        card = card or describe_upstream(upstreams[0].base_url, upstreams[0].api_key)
     except httpx.HTTPError as exc:
         if model_name is None:
             raise RuntimeError(f"cannot read {upstreams[0].base_url}/v1/models: {exc}") from None
@@ -125,15 +127,16 @@ def describe_upstream(base_url: str, api_key: str | None, timeout_s: float = 10.
 
 
 def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, log_level: str,
-                services=()) -> None:
-    """services: control-plane parts started and closed with the app (Gateway.services), e.g. replica pools."""
+                services=(), transport: UpstreamTransport | None = None) -> None:
+    """services: control-plane parts started and closed with the app (Gateway.services), e.g. replica pools;
+    transport: the one in-process replicas are mounted on (None: a new one)."""
     if config.redis_url:
         from inferd.gateway.redis_limiter import RedisLimiter
         limiter = RedisLimiter(config.redis_url)
     else:
         limiter = MemoryLimiter()
     tracer, provider = make_tracer("inferd-gateway", config.otlp_endpoint)
-    gateway = Gateway(config, store, limiter, deployments, tracer, provider)
+    gateway = Gateway(config, store, limiter, deployments, tracer, provider, transport)
     gateway.services.extend(services)
     console = Console(gateway, config.console_viewer_key)
     gateway.services.append(console)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferd.control.cpus import AUTO, Shares, allocate, cpulist, machine_cpus
+from inferd.control.in_process import InProcessReplica
 from inferd.control.placement import make_replica
 from inferd.control.pool import ReplicaPool, per_replica_slots
 from inferd.control.replicas import ReplicaHandle, ReplicaProcess
@@ -19,6 +20,7 @@ from inferd.models.sentence import DEFAULT_EMBEDDING_NAME
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.degrade import Degrader
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
+from inferd.gateway.transport import UpstreamTransport
 from inferd.router.router import Router
 from inferd.control.gateway_setup import deployment_for
 from inferd.settings import flags_of
@@ -42,12 +44,18 @@ def local_plans(args: argparse.Namespace, replica_args: list[str], cpus: list[in
 
 
 def spec_plans(spec: ServiceSpec, log_flags: Sequence[str] = (),
-               cpus: dict[str, list[int] | None] | None = None) -> list[DeploymentPlan]:
-    """Each deployment's plan; its local replicas run on cpus[replica_prefix(d)] (cpu_shares; absent: all)."""
+               cpus: dict[str, list[int] | None] | None = None,
+               transport: UpstreamTransport | None = None) -> list[DeploymentPlan]:
+    """Each deployment's plan; its local replicas run on cpus[replica_prefix(d)] (cpu_shares; absent: all), its
+    in-process ones (placement.backend in_process) behind transport, the gateway's."""
     plans = []
     for d in spec.deployments:
         make, share = None, (cpus or {}).get(replica_prefix(d))
-        if d.model and d.engine.engine != "inferd":
+        if d.model and d.placement.backend == "in_process":
+            if transport is None:
+                raise ValueError(f"{d.name}: an in-process replica needs the gateway's transport")
+            make = functools.partial(InProcessReplica, d.kind, d.model.source, d.name, d.runtime, transport)
+        elif d.model and d.engine.engine != "inferd":
             from inferd.control.runtimes import RuntimeProcess
             runtime = functools.partial(RuntimeProcess, d.model.source, d.name, d.runtime, d.engine, share)
             make = functools.partial(make_replica, d.placement, [], runtime)
@@ -171,7 +179,10 @@ def _spec_deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
     if d.external is None:
         upstreams = [Upstream(r.url, r.api_key, name=f"{replica_prefix(d)}-{i}") for i, r in enumerate(plan.replicas)]
         if d.engine.engine == "inferd":
-            return deployment_for(upstreams, config, d.name, queue=queue, router=d.router, version=d.version)
+            first = plan.replicas[0]
+            card = first.card() if isinstance(first, InProcessReplica) else None  # no server to ask yet
+            return deployment_for(upstreams, config, d.name, queue=queue, router=d.router, version=d.version,
+                                  card=card)
         tokenizer = str(source_path(d.kind, d.model.source))  # the model's own tokenizer counts its tokens
         deployment = deployment_for(upstreams, config, d.name, tokenizer, d.runtime.max_model_len, queue, d.router,
                                     d.version, runtime=d.engine.engine)

@@ -1,4 +1,5 @@
-"""Where a replica runs: a local process (default) or a Ray actor (placement.backend: ray)."""
+"""Where a replica runs: a local process (default) or a Ray actor (placement.backend: ray); in the gateway's
+process (in_process) is control/in_process.py's."""
 from collections.abc import Callable
 
 from inferd.control.replicas import ReplicaHandle, ReplicaProcess

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from inferd.control.in_process import InProcessReplica
 from inferd.control.autoscaler import Autoscaler, ColdStart, Decision, Signals, TtftWindow
 from inferd.control.replicas import ReplicaHandle
 from inferd.control.spec import AutoscalingSpec
@@ -74,6 +75,7 @@ class ReplicaPool:
     _loop: asyncio.AbstractEventLoop | None = None
     _loop_task: asyncio.Task | None = None
     _closed: bool = False
+    _owns_client: bool = False
     _names: int = 0
     _sessions: Callable[[str], int] = lambda name: 0  # the gateway's open robot sessions of a deployment
 
@@ -104,7 +106,8 @@ class ReplicaPool:
             self.deployment.upstreams.append(upstream)
         self._names += 1
         self.members.append(Member(handle, upstream, READY, started_unix_s))
-        report = (_ready_body_sync(upstream) if self.deployment.internal_headers else None) or {}
+        ours = self.deployment.internal_headers and not isinstance(handle, InProcessReplica)  # that one is not up yet
+        report = (_ready_body_sync(upstream) if ours else None) or {}
         phases = _phases(report | getattr(handle, "cold_start", dict)(), started_unix_s, ready_unix_s)
         if phases:
             self._observe_cold_start(upstream, phases)
@@ -112,12 +115,17 @@ class ReplicaPool:
     # running with the gateway (Gateway.services)
 
     async def start(self, gateway=None) -> None:
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+        """With the gateway (its transport reaches in-process replicas, whose apps start here); alone: own client."""
+        self._owns_client = gateway is None
+        self.client = gateway.client if gateway is not None else httpx.AsyncClient(timeout=5.0)
         self._loop = asyncio.get_running_loop()
         if gateway is not None:
             gateway.metrics.watch(self.collect)
             gateway.observers.append(self.observe)
             self._sessions = gateway.sessions.count
+        for m in self.members:  # adopted: loaded before the loop ran
+            if isinstance(m.handle, InProcessReplica):
+                await m.handle.serve(READY_TIMEOUT_S)
         self._set_capacity()
         self._loop_task = asyncio.create_task(self._run(), name=f"pool-{self.name}")
 
@@ -143,7 +151,7 @@ class ReplicaPool:
             m.state = STOPPED
         await asyncio.gather(*(asyncio.to_thread(m.handle.stop) for m in members))  # all at once
         self.members = members  # close_now (idempotent) still finds them
-        if self.client is not None:
+        if self.client is not None and self._owns_client:
             await self.client.aclose()
 
     def close_now(self) -> None:
@@ -213,7 +221,10 @@ class ReplicaPool:
             await asyncio.to_thread(m.handle.start)
             m.upstream.base_url = m.handle.url.rstrip("/")  # a Ray replica's URL is known once it is placed
             if m.state == STARTING and not self._closed:
-                await asyncio.to_thread(m.handle.wait_ready, READY_TIMEOUT_S)
+                if isinstance(m.handle, InProcessReplica):
+                    await m.handle.serve(READY_TIMEOUT_S)
+                else:
+                    await asyncio.to_thread(m.handle.wait_ready, READY_TIMEOUT_S)
                 ok = m.state == STARTING and not self._closed
         except Exception as exc:
             if m.state == STARTING and not self._closed:
@@ -349,7 +360,7 @@ class ReplicaPool:
         """Scaled up from zero: the model card (and max_model_len) as the first replica reports them."""
         headers = {"authorization": f"Bearer {upstream.api_key}"} if upstream.api_key else {}
         try:
-            r = await self.client.get(f"{upstream.base_url}/v1/models", headers=headers)
+            r = await self.client.get(f"{upstream.base_url}/v1/models", headers=headers, timeout=5.0)
             card = r.json()["data"][0]
         except (httpx.HTTPError, ValueError, KeyError, IndexError):
             return

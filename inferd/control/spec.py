@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from inferd.control.cpus import AUTO, cpulist, machine_cpus, parse_cpulist
+from inferd.control.in_process import KINDS as IN_PROCESS_KINDS
 from inferd.control.kinds import KINDS, SETTINGS, Settings, source_path
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.config import ModelPrice
@@ -53,13 +54,15 @@ class EngineChoice:
     args: list[str] = field(default_factory=list)  # passed to the runtime as they are, after inferd's own flags
 
 
-PLACEMENTS = ("local", "ray")
+PLACEMENTS = ("local", "in_process", "ray")
 ROLES = ("stable", "canary")
 
 
 @dataclass(slots=True)
 class PlacementSpec:
-    backend: str = "local"  # local processes, or Ray actors on any node of a Ray cluster
+    # local processes; in_process: inside the gateway's process (classical and policy models only: no second hop,
+    # no isolation, the gateway's GIL; control/in_process.py); ray: Ray actors on any node of a Ray cluster
+    backend: str = "local"
     ray_address: str | None = None  # ray.init(address=...); None: the cluster RAY_ADDRESS names, else a local one
     num_cpus: float = 1.0  # Ray resources one replica reserves
     num_gpus: float = 0.0
@@ -277,6 +280,9 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
         _check_replicas(d, where)
         if d.placement.backend not in PLACEMENTS:
             raise SpecError(f"{where}.placement.backend: must be one of {', '.join(PLACEMENTS)}")
+        if d.placement.backend == "in_process" and (d.kind not in IN_PROCESS_KINDS or d.engine.engine != "inferd"):
+            raise SpecError(f"{where}.placement.backend: in_process runs {' and '.join(IN_PROCESS_KINDS)} models "
+                            f"only; give local or ray for a {d.kind} model")
         if d.placement.num_cpus <= 0 or d.placement.num_gpus < 0:
             raise SpecError(f"{where}.placement: num_cpus must be above 0 and num_gpus at least 0")
         if verify_digests:
@@ -290,8 +296,8 @@ def _check_cpus(d: DeploymentSpec, where: str) -> None:
     if d.placement.cpus == AUTO:
         return
     if d.external is not None or d.placement.backend != "local":
-        raise SpecError(f"{where}: only local replicas are pinned to CPUs (an external deployment or Ray's "
-                        "replicas: leave it auto)")
+        raise SpecError(f"{where}: only local replicas are pinned to CPUs (an external deployment, Ray's replicas "
+                        "or those in the gateway's process: leave it auto)")
     try:
         cpus = parse_cpulist(d.placement.cpus)
     except ValueError as exc:

@@ -4,14 +4,22 @@ An httpx transport (httpx.AsyncBaseTransport), so the gateway's data path, its p
 (httpx.MockTransport) speak one interface. httpx's own pool costs the gateway more CPU per request than
 the rest of its work (it checks every pooled connection on each request); here an idle connection that
 the server closes leaves the pool when its end-of-file arrives, so picking one is a list pop. https://
-upstreams go through httpx's own transport.
+upstreams go through httpx's own transport. A replica placed inside the gateway's process (control/in_process.py)
+is an ASGI app mounted under its URL's host: a request to it is a call on the same event loop, its response
+streamed as the app sends it; the data path does not know the difference.
 """
 import asyncio
+import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 import httptools
 import httpx
+
+log = logging.getLogger(__name__)
+
+ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
 
 MAX_IDLE_PER_HOST = 256
 # An idle connection is reused only this long: uvicorn (our replicas, vLLM's and llama.cpp's servers) closes one
@@ -141,10 +149,13 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     def __init__(self, connect_timeout_s: float = 5.0):
         self.connect_timeout_s = connect_timeout_s
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._apps: dict[str, ASGIApp] = {}  # in-process replicas by their URL's host
         self._tls = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
+        if (app := self._apps.get(url.host)) is not None:
+            return await _app_response(app, request)
         if url.scheme != "http":
             return await self._tls.handle_async_request(request)
         timeouts = request.extensions.get("timeout") or {}
@@ -161,6 +172,13 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             raise
         return httpx.Response(status, headers=headers, stream=_Body(self, key, conn, read_timeout_s),
                               extensions={"http_version": b"HTTP/1.1"}, request=request)
+
+    def mount(self, host: str, app: ASGIApp) -> None:
+        """Requests to http://HOST go to app, in this process (its lifespan is its owner's to run)."""
+        self._apps[host] = app
+
+    def unmount(self, host: str) -> None:
+        self._apps.pop(host, None)
 
     async def aclose(self) -> None:
         for conns in self._idle.values():
@@ -208,3 +226,103 @@ async def _request_bytes(request: httpx.Request) -> bytes:
         lines.append(b"content-length: " + str(len(body)).encode())
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
+
+
+# in-process apps
+
+class _AppCall:
+    """One request to an in-process ASGI app: the app runs as a task of its own (as uvicorn runs it), its
+    response head and body chunks come back as it sends them; closing the body early tells the app the
+    client left (http.disconnect)."""
+
+    running: set[asyncio.Task] = set()  # the calls' tasks, kept until they end
+
+    def __init__(self, app: ASGIApp, scope: dict, body: bytes):
+        self._body: bytes | None = body
+        self._head: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._chunks: asyncio.Queue = asyncio.Queue()
+        self._gone = asyncio.Event()
+        task = asyncio.create_task(self._run(app, scope))
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+
+    async def _run(self, app: ASGIApp, scope: dict) -> None:
+        try:
+            await app(scope, self._receive, self._send)
+        except Exception as exc:  # as uvicorn does: logged; a client still waiting for a head gets an error
+            log.exception("in-process replica failed on %s %s", scope["method"], scope["path"])
+            if not self._head.done():
+                self._head.set_exception(httpx.RemoteProtocolError(f"the in-process replica failed: {exc!r}"))
+        finally:
+            if not self._head.done():
+                self._head.set_exception(httpx.RemoteProtocolError("the in-process replica sent no response"))
+            self._chunks.put_nowait(None)
+
+    async def _receive(self) -> dict:
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message: dict) -> None:
+        if self._gone.is_set():  # the gateway closed the response: what follows goes nowhere (as uvicorn's send)
+            return
+        if message["type"] == "http.response.start":
+            self._head.set_result((message["status"], message.get("headers", [])))
+        elif message["type"] == "http.response.body":
+            if chunk := message.get("body", b""):
+                self._chunks.put_nowait(chunk)
+            if not message.get("more_body", False):
+                self._chunks.put_nowait(None)
+
+    async def head(self, timeout_s: float | None) -> tuple[int, list[tuple[bytes, bytes]]]:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._head
+        except BaseException:
+            self.close()
+            raise
+
+    async def chunks(self, timeout_s: float | None):
+        while True:
+            async with asyncio.timeout(timeout_s):
+                chunk = await self._chunks.get()
+            if chunk is None:
+                return
+            yield chunk
+
+    def close(self) -> None:
+        self._gone.set()
+
+
+class _AppBody(httpx.AsyncByteStream):
+    def __init__(self, call: _AppCall, timeout_s: float | None):
+        self._call, self._timeout_s = call, timeout_s
+
+    async def __aiter__(self):
+        try:
+            async for chunk in self._call.chunks(self._timeout_s):
+                yield chunk
+        except asyncio.TimeoutError:
+            raise httpx.ReadTimeout("the in-process replica sent nothing within the read timeout") from None
+
+    async def aclose(self) -> None:
+        self._call.close()
+
+
+async def _app_response(app: ASGIApp, request: httpx.Request) -> httpx.Response:
+    url = request.url
+    body = request.content if isinstance(request.stream, httpx.ByteStream) else await request.aread()
+    path, _, query = url.raw_path.partition(b"?")
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": request.method,
+             "scheme": "http", "path": url.path, "raw_path": path, "query_string": query, "root_path": "",
+             "headers": [(n.lower(), v) for n, v in request.headers.raw], "server": (url.host, url.port or 80), "client": ("127.0.0.1", 0)}
+    read_timeout_s = (request.extensions.get("timeout") or {}).get("read")
+    call = _AppCall(app, scope, body)
+    try:
+        status, headers = await call.head(read_timeout_s)
+    except asyncio.TimeoutError:
+        raise httpx.ReadTimeout("the in-process replica did not answer within the read timeout") from None
+    return httpx.Response(status, headers=headers, stream=_AppBody(call, read_timeout_s),
+                          extensions={"http_version": b"HTTP/1.1"}, request=request)

@@ -81,10 +81,21 @@ def build_policy_app(runtime: PolicyRuntime, metrics: PolicyMetrics, *, api_key:
     """runtime's batcher should report to metrics.observe_batch (PolicyRuntime's on_batch)."""
     readiness = Readiness(loaded_unix_s=loaded_unix_s or time.time())
     metrics.watch_queue(runtime.batcher)
-    return Starlette(routes=PolicyRoutes(runtime, metrics, readiness).routes(),
-                     lifespan=batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)),
-                     middleware=[Middleware(RequestContextMiddleware, api_key=api_key, map_error=policy_error)],
-                     exception_handlers={HTTPException: http_exception_handler})
+    routes = PolicyRoutes(runtime, metrics, readiness)
+    app = Starlette(routes=routes.routes(), lifespan=batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)),
+                    middleware=[Middleware(RequestContextMiddleware, api_key=api_key, map_error=policy_error)],
+                    exception_handlers={HTTPException: http_exception_handler})
+    app.state.card = routes.card  # its /v1/models card without a request (an in-process replica's)
+    return app
+
+
+def load_policy_app(model_source: str | Path | None = None, api_key: str | None = None,
+                    served_model_name: str | None = None, config: PolicyConfig | None = None) -> Starlette:
+    """The policy loaded (None: the packaged demo) and its app, not yet started."""
+    metrics = PolicyMetrics()
+    runtime = in_passing_thread(lambda: PolicyRuntime.load(model_source, config, served_model_name,
+                                                           on_batch=metrics.observe_batch))
+    return build_policy_app(runtime, metrics, api_key=api_key, loaded_unix_s=time.time())
 
 
 async def _warm_up(runtime: PolicyRuntime) -> str:
@@ -100,11 +111,8 @@ def serve_policy(model_source: str | Path | None = None, host: str = "127.0.0.1"
                  api_key: str | None = None, served_model_name: str | None = None,
                  config: PolicyConfig | None = None, log_level: str = "info") -> None:
     """Load the policy (None: the packaged demo), then serve it until interrupted."""
-    metrics = PolicyMetrics()
-    runtime = in_passing_thread(lambda: PolicyRuntime.load(model_source, config, served_model_name,
-                                                           on_batch=metrics.observe_batch))
-    app = build_policy_app(runtime, metrics, api_key=api_key, loaded_unix_s=time.time())
-    log.info("serving policy %s (sha256 %s) on http://%s:%d", runtime.name, runtime.files.digests.get("model"),
-             host, port)
+    app = load_policy_app(model_source, api_key, served_model_name, config)
+    card = app.state.card()
+    log.info("serving policy %s (sha256 %s) on http://%s:%d", card["id"], card["digests"].get("model"), host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=None,
                 access_log=log_level == "debug", timeout_graceful_shutdown=5)

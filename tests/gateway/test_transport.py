@@ -159,3 +159,71 @@ def test_errors_are_httpx_errors():
                 await r.aread()
         await transport.aclose()
     asyncio.run(main())
+
+
+# an app mounted in the gateway's process (an in-process replica)
+
+async def streaming_app(scope, receive, send):
+    """Echoes the request (method, path, query, body, a header) in the head, then streams three chunks unless the
+    client leaves; /boom raises before answering; /slow answers nothing; the disconnects it sees are recorded."""
+    assert scope["type"] == "http"
+    body = (await receive())["body"]
+    if scope["path"] == "/boom":
+        raise ValueError("the model failed")
+    if scope["path"] == "/slow":  # answers nothing until the client has left
+        streaming_app.slow_saw = await receive()
+        return
+    headers = dict(scope["headers"])
+    await send({"type": "http.response.start", "status": 201, "headers": [
+        (b"x-echo", b"|".join([scope["method"].encode(), scope["path"].encode(), scope["query_string"], body,
+                               headers[b"x-tenant"]]))]})
+    for i in range(3):
+        await send({"type": "http.response.body", "body": f"part {i};".encode(), "more_body": True})
+        await asyncio.sleep(0.01)
+        if scope["path"] == "/leave" and i == 0:
+            streaming_app.disconnect = await receive()
+            return
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def test_a_mounted_app_is_called_in_process_and_its_body_streams():
+    async def main():
+        transport = UpstreamTransport()
+        transport.mount("in-process-test", streaming_app)
+        request = httpx.Request("POST", "http://in-process-test/v1/x?a=1", content=b"hello",
+                                headers={"X-Tenant": "t1"})
+        r = await transport.handle_async_request(request)
+        assert r.status_code == 201 and r.headers["x-echo"] == "POST|/v1/x|a=1|hello|t1"
+        parts = [chunk async for chunk in r.aiter_raw()]
+        assert parts == [b"part 0;", b"part 1;", b"part 2;"]  # as the app sent them, not gathered
+        await r.aclose()
+        transport.unmount("in-process-test")
+        with pytest.raises(httpx.ConnectError):  # unmounted: a host that does not resolve
+            await send(transport, "http://in-process-test", connect=2.0)
+        await transport.aclose()
+    asyncio.run(main())
+
+
+def test_a_mounted_apps_failure_is_an_error_and_a_left_response_is_a_disconnect(caplog):
+    async def main():
+        transport = UpstreamTransport()
+        transport.mount("in-process-test", streaming_app)
+        with pytest.raises(httpx.RemoteProtocolError, match="the model failed"):
+            await transport.handle_async_request(httpx.Request("POST", "http://in-process-test/boom"))
+        with pytest.raises(httpx.ReadTimeout):
+            await transport.handle_async_request(httpx.Request(
+                "GET", "http://in-process-test/slow", extensions={"timeout": {"read": 0.1}}))
+        r = await transport.handle_async_request(httpx.Request("GET", "http://in-process-test/leave",
+                                                               headers={"x-tenant": "t"}))
+        async for _ in r.aiter_raw():
+            break
+        await r.aclose()  # the gateway's client went away
+        for _ in range(100):
+            if hasattr(streaming_app, "disconnect"):
+                break
+            await asyncio.sleep(0.01)
+        assert streaming_app.disconnect == streaming_app.slow_saw == {"type": "http.disconnect"}
+        await asyncio.sleep(0)  # a finished task's done callbacks run on the next turn
+        assert not transport_module._AppCall.running  # no call is left behind
+    asyncio.run(main())
+    assert "in-process replica failed on POST /boom" in caplog.text
