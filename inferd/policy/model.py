@@ -16,11 +16,15 @@ A policy is a directory:
 - model.safetensors: the weights and the normalisation buffers.
 
 `load_policy` checks both and returns a `PolicyFiles`, whose `predict` runs one batched forward in fp32
-under torch.inference_mode. Measured with the demo policy on one thread of an AMD EPYC (2 cores): 0.6 ms at
-batch 1 and 4.3 ms at batch 16 (`python -m inferd.policy.model DIR` measures it)."""
+under torch.inference_mode, of the network traced to TorchScript at load (`trace`): its ops then run one after
+the other in C++ with the GIL released, so a forward neither waits on another thread's Python between its
+ops (a policy served in the gateway's process shares the GIL with its event loop) nor holds it
+(`python -m inferd.policy.model DIR` times it; benchmarks/README.md has the figures)."""
 import hashlib
 import json
+import logging
 import re
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE, MODEL_FILE = "config.json", "model.safetensors"
 REQUIRED = ("architecture", "action_horizon", "action_dim", "control_hz", "observation_spec")
@@ -105,6 +111,7 @@ class PolicyFiles:
     observation_spec: dict[str, dict]
     inputs: dict[str, str]  # {"image": key, "state": key, "prompt": key}
     network: ChunkPolicy = field(repr=False)
+    forward: torch.jit.ScriptModule | ChunkPolicy = field(repr=False)  # the network, traced (trace)
 
     def metadata(self) -> dict:
         """What a server sends a client first (openpi's server metadata)."""
@@ -118,7 +125,7 @@ class PolicyFiles:
         others run: it changes no state."""
         images, states, tokens, offsets = self.batch(observations)
         with torch.inference_mode():
-            actions = self.network.unnormalise(self.network(images, states, tokens, offsets))
+            actions = self.network.unnormalise(self.forward(images, states, tokens, offsets))
         return actions.numpy()
 
     def batch(self, observations: list[dict]) -> tuple[torch.Tensor, ...]:
@@ -172,10 +179,28 @@ def load_policy(path: str | Path, sha256: str | None = None, threads: int | None
     network.eval()
     if threads is not None:
         torch.set_num_threads(threads)
+    inputs, spec = config["architecture"]["inputs"], config["observation_spec"]
     return PolicyFiles(name=config.get("name") or path.name, path=path, digests=digests,
                        action_horizon=config["action_horizon"], action_dim=config["action_dim"],
-                       control_hz=float(config["control_hz"]), observation_spec=config["observation_spec"],
-                       inputs=dict(config["architecture"]["inputs"]), network=network)
+                       control_hz=float(config["control_hz"]), observation_spec=spec, inputs=dict(inputs),
+                       network=network, forward=trace(network, spec[inputs["image"]]["shape"],
+                                                      spec[inputs["state"]]["shape"][0]))
+
+
+def trace(network: ChunkPolicy, image_shape: list[int], state_dim: int) -> torch.jit.ScriptModule | ChunkPolicy:
+    """The network as TorchScript, traced on one blank observation (its ops do not depend on the values, the
+    batch size or the prompt's length; tests/policy/test_model.py checks it against the network). torch marks
+    jit.trace deprecated in favour of torch.compile and torch.export, but neither runs a graph without Python
+    between its ops short of compiling C++ at every start; where tracing fails, the network runs as it is."""
+    example = (torch.zeros(1, *image_shape, dtype=torch.uint8), torch.zeros(1, state_dim),
+               torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.trace(network, example, check_trace=False)
+    except (AttributeError, RuntimeError) as exc:
+        log.warning("the policy network runs untraced: %s", exc)
+        return network
 
 
 def _checked_config(config: dict, where: Path) -> dict:

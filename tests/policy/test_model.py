@@ -51,6 +51,17 @@ def test_a_batch_predicts_what_one_by_one_does(policy_dir):
     np.testing.assert_allclose(batched, single, atol=1e-5)
 
 
+def test_the_traced_forward_is_the_network_at_any_batch_and_prompt_length(policy_dir):
+    policy = load_policy(policy_dir)
+    observations = _observations(5)
+    observations[1] = dict(observations[1], prompt="")  # no token at all
+    observations[2] = dict(observations[2], prompt="now reach the red target quickly and precisely please")
+    for batch in ([observations[0]], observations[1:3], observations):
+        inputs = policy.batch(batch)
+        with torch.inference_mode():
+            np.testing.assert_allclose(policy.forward(*inputs).numpy(), policy.network(*inputs).numpy(), atol=1e-5)
+
+
 def test_the_prompt_and_the_image_reach_the_output(policy_dir):
     policy = load_policy(policy_dir)
     obs = _observations(1)[0]
