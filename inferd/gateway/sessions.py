@@ -43,6 +43,25 @@ KIND = "policy"
 RETRY_SESSION_S = 5.0  # what a refused session is told to wait (openpi-client's own retry interval)
 READ_TIMEOUT_S = 60.0  # an observation without a deadline waits this long for its replica at most
 ROUND_TRIPS = 64  # recent replica round trips kept per deployment: the fastest bounds what a deadline needs
+ROUND_TRIPS_WINDOW_S = 5.0  # and only those of the last seconds count (see RoundTrips)
+
+
+class RoundTrips:
+    """A deployment's recent round trips to its replicas. An observation whose deadline is nearer than the fastest
+    of them is refused without running; only the last ROUND_TRIPS_WINDOW_S seconds' count, so that after a slow
+    spell (every trip longer than the robots' deadlines, so every observation refused and no trip measured) the
+    next observation runs and measures again, rather than the refusals going on for good."""
+
+    def __init__(self):
+        self._trips: deque[tuple[float, float]] = deque(maxlen=ROUND_TRIPS)  # (when it ended, its seconds)
+
+    def add(self, seconds: float, now: float) -> None:
+        self._trips.append((now, seconds))
+
+    def fastest(self, now: float) -> float:
+        """The shortest round trip of the window, 0 with none."""
+        recent = [s for t, s in self._trips if now - t < ROUND_TRIPS_WINDOW_S]
+        return min(recent) if recent else 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -88,7 +107,7 @@ class PolicySessions:
     def __init__(self, gateway):
         self.gw = gateway
         self.open: dict[str, int] = {}  # cap scope -> sessions holding it
-        self._round_trips: dict[str, deque[float]] = {}
+        self._round_trips: dict[str, RoundTrips] = {}
 
     def routes(self) -> list[WebSocketRoute]:
         return [WebSocketRoute(WEBSOCKET_PATH, self.session)]
@@ -262,8 +281,8 @@ class PolicySessions:
     async def _infer(self, s: Session, e: Entry, deadline_unix_s: float | None) -> dict:
         d = s.deployment
         left_s = None if deadline_unix_s is None else deadline_unix_s - time.time()
-        trips = self._round_trips.setdefault(d.name, deque(maxlen=ROUND_TRIPS))
-        if left_s is not None and left_s <= (min(trips) if trips else 0.0):
+        trips = self._round_trips.setdefault(d.name, RoundTrips())
+        if left_s is not None and left_s <= trips.fastest(time.monotonic()):
             raise PolicyError("deadline_exceeded", f"The observation's deadline {'passed' if left_s <= 0 else 'is nearer than this policy answers'} "
                               f"({left_s * 1000:.0f} ms left); it was not run.")
         upstream = self._pick(s)
@@ -293,7 +312,8 @@ class PolicySessions:
             upstream.leave(1)
         if r.status_code != 200:
             raise _replica_error(r)
-        trips.append(time.monotonic() - sent)
+        now = time.monotonic()
+        trips.add(now - sent, now)
         return unpackb(r.content)
 
     def _pick(self, s: Session) -> Upstream:

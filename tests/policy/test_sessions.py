@@ -205,3 +205,17 @@ def test_an_address_that_keeps_sending_wrong_keys_is_refused_without_a_store_rea
                     ws.receive_bytes()
             codes.append(closed.value.code)
     assert codes[0] == 4401 and codes[-1] == 4429 and len(reads) < 40
+
+
+def test_the_deadline_bound_forgets_a_slow_spell():
+    """Observations nearer their deadline than the fastest recent round trip are refused unrun; once a slow spell's
+    trips are older than the window, the next one runs and measures again (no refusals for good)."""
+    from inferd.gateway.sessions import ROUND_TRIPS_WINDOW_S, RoundTrips
+    trips = RoundTrips()
+    assert trips.fastest(0.0) == 0.0  # nothing measured: nothing refused
+    for i in range(100):  # an overloaded spell: every trip slower than a 20 ms deadline
+        trips.add(0.030 + i * 0.001, now=10.0 + i * 0.01)
+    assert trips.fastest(11.0) == pytest.approx(0.066)  # the window keeps the last 64 trips: the fastest of those
+    assert trips.fastest(11.0 + ROUND_TRIPS_WINDOW_S) == 0.0  # every trip is older than the window
+    trips.add(0.004, now=20.0)
+    assert trips.fastest(20.1) == 0.004
