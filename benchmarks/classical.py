@@ -1,9 +1,10 @@
 """Classical (tabular) serving, in one run: logistic regression (a StandardScaler pipeline), a random forest
 and XGBoost, trained here on the same data (scikit-learn's breast cancer set, 30 features, 569 rows), served by
 
-    inferd    `inferd serve --config`: the gateway (keys, limits, usage records) in front of one replica per
-              model, POST /v1/predict with named rows (client batches also column-major), through the
-              shared batcher
+    inferd    `inferd serve --config`: the gateway (keys, limits, usage records) in front of one replica
+              process per model, POST /v1/predict with named rows (client batches also column-major),
+              through the shared batcher
+    inferd-in-process  the same with each model in the gateway's process (placement.backend: in_process)
     ray       Ray Serve with @serve.batch (benchmarks/classical_peers.py), POST /{model}, rows as lists
     plain     a plain unbatched Starlette + library server (classical_peers.py), POST /{model}
 
@@ -67,7 +68,7 @@ def bodies(system: str, model: str, X: np.ndarray, names: list[str], batch: int,
     out = []
     for k in range(count):
         rows = X[[(k * batch + i) % len(X) for i in range(batch)]]
-        if system != "inferd":
+        if not system.startswith("inferd"):
             body = {"inputs": rows.tolist()}
         elif columns:
             body = {"model": model, "columns": dict(zip(names, rows.T.tolist()))}
@@ -94,9 +95,9 @@ def started(command: list[str], ready, log: Path, timeout_s: float = 180, env: d
     raise RuntimeError(f"{command[:4]} not ready within {timeout_s:.0f} s (exit {proc.poll()}); see {log}")
 
 
-def inferd(directory: Path, port: int) -> subprocess.Popen:
+def inferd(directory: Path, port: int, backend: str = "local") -> subprocess.Popen:
     spec = "deployments:\n" + "".join(
-        f"  - {{name: {m}, kind: classical, model: {{source: '{directory / f}'}}}}\n"
+        f"  - {{name: {m}, kind: classical, model: {{source: '{directory / f}'}}, placement: {{backend: {backend}}}}}\n"
         for m, f in zip(MODELS, ("logreg.skops", "forest.skops", "xgboost.json")))
     (directory / "deploy.yaml").write_text(spec)
     command = [sys.executable, "-m", "inferd.cli", "serve", "--config", str(directory / "deploy.yaml"), "--port",
@@ -117,7 +118,7 @@ def peer(kind: str, directory: Path, port: int) -> subprocess.Popen:
 
 
 def target(system: str, model: str, port: int) -> Target:
-    if system == "inferd":
+    if system.startswith("inferd"):
         return Target("127.0.0.1", port, "/v1/predict", {"Authorization": f"Bearer {KEY}"})
     return Target("127.0.0.1", port, f"/{model}", {})
 
@@ -149,7 +150,7 @@ async def measure(system: str, port: int, X: np.ndarray, names: list[str], cell_
             held = rate
         out[model] = {"rates": rates, "max_rate_p99_20ms": held}
         for key, columns in (("batches", False), ("batches_columns", True)):
-            if columns and system != "inferd":
+            if columns and not system.startswith("inferd"):
                 continue
             out[model][key] = cells = {}
             for batch, clients in BATCHES.items():
@@ -173,7 +174,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "classical.json")
     p.add_argument("--cell-s", type=float, default=2.0, help="seconds per rate or batch cell")
     p.add_argument("--port", type=int, default=8970)
-    p.add_argument("--systems", default="inferd,ray,plain")
+    p.add_argument("--systems", default="inferd,ray,plain", help="of inferd, inferd-in-process, ray, plain")
     args = p.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="inferd-bench-classical-"))
     X, names = train(directory)
@@ -182,8 +183,9 @@ def main() -> None:
               "cell_s": args.cell_s, "p99_target_ms": P99_TARGET_MS, "rates": RATES, "batches": BATCHES,
               "systems": {}, "notes": {}}
     starts = {"inferd": lambda: inferd(directory, args.port), "ray": lambda: peer("ray", directory, args.port + 1),
-              "plain": lambda: peer("plain", directory, args.port + 2)}
-    ports = {"inferd": args.port, "ray": args.port + 1, "plain": args.port + 2}
+              "plain": lambda: peer("plain", directory, args.port + 2),
+              "inferd-in-process": lambda: inferd(directory, args.port + 3, "in_process")}
+    ports = {"inferd": args.port, "ray": args.port + 1, "plain": args.port + 2, "inferd-in-process": args.port + 3}
     for system in args.systems.split(","):
         t = time.monotonic()
         try:

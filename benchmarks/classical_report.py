@@ -1,6 +1,7 @@
 """benchmarks/classical.py's results as Markdown: the rate each system holds, then every cell."""
 
-NAMES = {"inferd": "inferd (gateway + replica, batched)", "ray": "Ray Serve (@serve.batch)",
+NAMES = {"inferd": "inferd (gateway + replica, batched)",
+         "inferd-in-process": "inferd (the model in the gateway's process, batched)", "ray": "Ray Serve (@serve.batch)",
          "plain": "plain Starlette + library (unbatched)"}
 
 
@@ -15,7 +16,8 @@ def markdown(r: dict) -> str:
            + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
            f"Each cell ran {r['cell_s']} s. Open loop: single-row requests at a fixed arrival rate, latency "
            "from each request's due time; a sweep stops at the first rate missed. inferd's requests pass its "
-           "gateway (key, limits, usage record) and then its replica: two hops, each parsing (orjson) and "
+           "gateway (key, limits, usage record) and then its replica (a process of its own, a second hop; "
+           "`inferd-in-process`: in the gateway's process, called on its loop), each parsing (orjson) and "
            "checking every row against the schema; the peers parse with the standard json module (Starlette's "
            "`request.json()`) and check nothing. One model thread everywhere.", "",
            f"## Highest arrival rate held at p99 <= {r['p99_target_ms']:g} ms (single-row requests/s)", "",

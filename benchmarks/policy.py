@@ -13,7 +13,7 @@ what the others' latency does meanwhile.
 
     python benchmarks/policy.py --out benchmarks/results/policy.json
 
-Both servers get one torch thread. Load generator, servers and simulators share the machine: read ratios.
+Every server starts first and they take turns in each cell (robots, stall, repeat). Each gets one torch thread. Load generator, servers and simulators share the machine: read ratios.
 """
 import argparse
 import asyncio
@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -50,12 +50,13 @@ def free_port() -> int:
 # the servers
 
 @contextmanager
-def inferd_server(work: Path):
-    """`inferd serve` with one deployment, the demo policy; yields (ws url, key)."""
+def inferd_server(work: Path, backend: str = "local"):
+    """`inferd serve` with one deployment, the demo policy (placement.backend: local, a replica process of its
+    own, or in_process, in the gateway's process); yields (ws url, key)."""
     port = free_port()
     spec = work / "policy.yaml"
     spec.write_text(f"deployments:\n  - name: {DEMO_NAME}\n    kind: policy\n    model: {{source: default}}\n"
-                    f"    runtime: {{num_threads: 1}}\n")
+                    f"    runtime: {{num_threads: 1}}\n    placement: {{backend: {backend}}}\n")
     key = "sk-inferd-benchpolicy0000000000000000"
     cmd = [sys.executable, "-m", "inferd.cli", "serve", "--config", str(spec), "--port", str(port),
            "--db", f"sqlite:///{work / 'inferd.db'}", "--spill-path", str(work / "spill.jsonl"), "--api-key", key,
@@ -288,7 +289,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--robots", default="1,4,16")
     p.add_argument("--episodes", type=int, default=6, help="episodes per robot per run")
-    p.add_argument("--servers", default="inferd,openpi")
+    p.add_argument("--servers", default="inferd,openpi",
+                   help="inferd (a replica process), inferd-in-process (the policy in the gateway's process), openpi")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--out", default=None)
     p.add_argument("--serve-openpi", type=int, default=None, help=argparse.SUPPRESS)
@@ -302,20 +304,22 @@ def main() -> None:
     robots_all = max(map(int, args.robots.split(",")))
     expected = in_process_success(robots_all, args.episodes)
     results["in_process_success_rate"] = round(float(np.mean(list(expected.values()))), 3)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as servers:
+        urls = {}  # every server runs from the start (idle ones take no CPU), so that they take turns in each cell
         for server in args.servers.split(","):
             work = Path(tmp) / server
             work.mkdir()
-            ctx = inferd_server(work) if server == "inferd" else openpi_server(work)
-            with ctx as (url, key):
-                port = int(url.split(":")[2].split("/")[0])
-                for robots in map(int, args.robots.split(",")):
-                    for stall in (False, True) if robots > 1 else (False,):
-                        for rep in range(args.repeats):
-                            r = run(url, key, robots, args.episodes, deadline_ms, stall, port, expected)
-                            r |= {"server": server, "robots": robots, "stalled": stall, "repeat": rep}
-                            print(json.dumps(r), flush=True)
-                            results["runs"].append(r)
+            urls[server] = servers.enter_context(openpi_server(work) if server == "openpi" else inferd_server(
+                work, "in_process" if server == "inferd-in-process" else "local"))
+        for rep in range(args.repeats):
+            for robots in map(int, args.robots.split(",")):
+                for stall in (False, True) if robots > 1 else (False,):
+                    for server, (url, key) in urls.items():
+                        port = int(url.split(":")[2].split("/")[0])
+                        r = run(url, key, robots, args.episodes, deadline_ms, stall, port, expected)
+                        r |= {"server": server, "robots": robots, "stalled": stall, "repeat": rep}
+                        print(json.dumps(r), flush=True)
+                        results["runs"].append(r)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
         Path(args.out).with_suffix(".md").write_text(report(results))
@@ -350,13 +354,14 @@ def report(results: dict) -> str:
                          f"{median(runs, 'jitter_ms'):.2f} | {median(runs, 'missed_share') * 100:.1f} % | "
                          f"{median(runs, 'success_rate'):.3f} ({median(runs, 'in_process_success_rate'):.3f}) | "
                          f"{answered} | {'-' if during is None else f'{during:.2f}'} |")
-    lines += ["", "Ratios, inferd / OpenPI (medians):", ""]
+    lines += ["", "Ratios over OpenPI (medians):", ""]
     for (robots, stalled), by_server in sorted(cells.items()):
-        if {"inferd", "openpi"} <= set(by_server):
-            i, o = by_server["inferd"], by_server["openpi"]
-            lines.append(f"- {robots} robot(s){', one stalled' if stalled else ''}: p50 "
-                         f"{median(i, 'latency_p50_ms') / median(o, 'latency_p50_ms'):.2f}x, p99 "
-                         f"{median(i, 'latency_p99_ms') / median(o, 'latency_p99_ms'):.2f}x")
+        o = by_server.get("openpi")
+        for server, i in sorted(by_server.items()) if o else ():
+            if server != "openpi":
+                lines.append(f"- {server}, {robots} robot(s){', one stalled' if stalled else ''}: p50 "
+                             f"{median(i, 'latency_p50_ms') / median(o, 'latency_p50_ms'):.2f}x, p99 "
+                             f"{median(i, 'latency_p99_ms') / median(o, 'latency_p99_ms'):.2f}x")
     return "\n".join(lines) + "\n"
 
 

@@ -20,11 +20,12 @@ from inferd.policy.sim import ReacherTask  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--observations", type=int, default=300)
+    p.add_argument("--backend", default="local", help="local: a replica process; in_process: the gateway's")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, inferd_server(Path(tmp)) as (url, key):
+    with tempfile.TemporaryDirectory() as tmp, inferd_server(Path(tmp), args.backend) as (url, key):
         client = WebsocketClientPolicy(url, api_key=key)
         obs = ReacherTask(0).observation()
         for _ in range(args.observations + 50):
@@ -34,7 +35,8 @@ def main() -> None:
         client._ws.close()
     rows = rows[50:]  # warm-up
     med = [statistics.median(r[i] for r in rows) for i in range(4)]
-    result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "observations": len(rows),
+    result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "backend": args.backend,
+              "observations": len(rows),
               "median_ms": {"client_round_trip": round(med[0], 3), "gateway_frame_in_to_chunk_out": round(med[1], 3),
                             "replica_queue": round(med[2], 3), "forward_pass": round(med[3], 3),
                             "hop": round(med[1] - med[2] - med[3], 3)}}
