@@ -3,9 +3,8 @@ replaced by a copy of q (wrong tokens, the same work everywhere else), taking tu
 
 The workload is benchmarks/engine.py's (B prompts of 128 random tokens, 128 new tokens, greedy, no EOS);
 attention's cost per step = step time with it - step time without it. Where the profiler names the kernel's
-calls it also adds its own cost to every op; this does not. Where the C++ decode loop runs the step
-(inferd/models/decode_loop.py), it calls the kernel through its address: the copy is then a C++ function of the
-kernel's signature, built here, and the loop is given its address instead.
+calls it also adds its own cost to every op; this does not. The C++ decode loop (inferd/models/decode_loop.py) calls
+the kernel directly, so both runs take the Python loop (until 2026-12-07 the C++ loop was given a copy's address).
 
     PYTHONPATH=. python benchmarks/decode_attention_share.py --out benchmarks/results/decode-attention-share.json
 """
@@ -19,29 +18,22 @@ import torch
 
 from benchmarks.engine import _cpu_name, _log, inferd_decode, inferd_engine
 from benchmarks.limits import isa_limits
-from inferd.models.cpp_build import build
 from inferd.models.loader import load_model
 
-COPY_Q = r"""
-#include <torch/extension.h>
-// cpu_kernels' paged_decode(q, k_cache, v_cache, block_tables, context_lens, block_size, scale), doing none of it
-torch::Tensor copy_q(torch::Tensor q, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double) {
-  return q.clone();
-}
-"""
-
-
-class WithoutAttention:
-    """The kernels of `real`, with decode attention replaced by a copy of q, for the Python loop and the C++ one."""
+class PythonLoop:
+    """The kernels of `real` without the C++ decode loop: the layers run from Python."""
 
     def __init__(self, real):
         self.real = real
-        self.copy_q = build("inferd_bench_copy_q", COPY_Q, ["copy_q"]) if hasattr(real, "addresses") else None
 
     def __getattr__(self, name):
-        if name == "addresses" and self.copy_q is not None:
-            return lambda: self.real.addresses() | {"paged_decode": self.copy_q.addresses()["copy_q"]}
+        if name in ("make_plan", "run_plan"):
+            raise AttributeError(name)
         return getattr(self.real, name)
+
+
+class WithoutAttention(PythonLoop):
+    """The same, with decode attention replaced by a copy of q."""
 
     @staticmethod
     def paged_decode(q, *args):
@@ -62,9 +54,8 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, engine in engines.items():
             real = engine.model.kernels
-            without = WithoutAttention(real)
             for b in batches:
-                for mode, kernels in (("with", real), ("without", without)):
+                for mode, kernels in (("with", PythonLoop(real)), ("without", WithoutAttention(real))):
                     engine.model.use_kernels(kernels)
                     runs.setdefault((name, b, mode), []).append(inferd_decode(engine, b))
                     _log(f"{name} B={b} {mode} attention: {runs[name, b, mode][-1]:.1f} tok/s")

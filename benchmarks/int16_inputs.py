@@ -26,8 +26,7 @@ from torch import nn
 from benchmarks import limits
 from benchmarks.engine import _cpu_name
 from benchmarks.int4_linear import as_linear, layer_linears
-from benchmarks.paged_decode import source_at
-from inferd.models.cpp_build import build
+from benchmarks.paged_decode import built_at
 from inferd.models.int4 import Int4Linear
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.loader import load_model
@@ -53,11 +52,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    int4 = {"today": load_int4_kernel(), args.baseline: build(
-        f"inferd_int4_linear_{args.baseline}", source_at(args.baseline, "inferd/models/int4_kernel.py"),
-        ["int4_linear"])}
-    int8 = {"today": load_int8_kernel(), args.baseline: build(
-        f"inferd_int8_linear_{args.baseline}", source_at(args.baseline, "inferd/models/quant.py"), ["int8_linear"])}
+    int4 = {"today": load_int4_kernel(), args.baseline: built_at(args.baseline, "inferd/models/int4_kernel.py",
+                                                                  ("int4_linear",), ())}
+    int8 = {"today": load_int8_kernel(), args.baseline: built_at(args.baseline, "inferd/models/quant.py",
+                                                                  ("int8_linear",), ())}
     assert int4["today"].int4_linear_bf16_native(), "needs AVX-512 BF16 and VNNI"
     model = load_model(None, progress=False)
     layers = [Int4Linear(as_linear(w), 1 << 30, int4["today"], torch.bfloat16)

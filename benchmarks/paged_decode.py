@@ -18,8 +18,9 @@ microseconds, medians of --repeats; and GB/s of K/V read, and that as a share of
 import argparse
 import ast
 import json
-import subprocess
 import statistics
+import subprocess
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,23 +29,32 @@ import torch
 
 from benchmarks import limits
 from benchmarks.engine import _cpu_name
-from inferd.models.cpp_build import build
-from inferd.models.cpu_kernels import FUNCTIONS, TorchKernels, load_cpp_kernels
+from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
 
-def source_at(rev: str, path: str) -> str:
-    """The C++ SOURCE string of the module at `path` (e.g. inferd/models/cpu_kernels.py) at git revision `rev`."""
-    text = subprocess.run(["git", "show", f"{rev}:{path}"], check=True, capture_output=True, text=True).stdout
-    return next(ast.literal_eval(node.value) for node in ast.parse(text).body
-                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SOURCE")
+def built_at(rev: str, path: str = "inferd/models/cpu_kernels.py", functions: tuple[str, ...] = ("paged_decode",),
+             cflags: tuple[str, ...] = ("-ffast-math",)):
+    """The C++ kernels as they were at git revision `rev`, built for this CPU: inferd/kernels/csrc's files as one
+    module, or at revisions before them the SOURCE string of the module at `path` exporting `functions`."""
+    from torch.utils.cpp_extension import load, load_inline
 
+    def show(name: str) -> str:
+        return subprocess.run(["git", "show", f"{rev}:{name}"], check=True, capture_output=True, text=True).stdout
 
-def kernels_at(rev: str):
-    """The C++ kernels as inferd/models/cpu_kernels.py had them at git revision `rev`, built for this CPU."""
-    return build(f"inferd_cpu_kernels_{rev}", source_at(rev, "inferd/models/cpu_kernels.py"), FUNCTIONS,
-                 cflags=("-ffast-math",))
+    names = subprocess.run(["git", "ls-tree", "--name-only", rev, "inferd/kernels/csrc/"], capture_output=True,
+                           text=True).stdout.split()
+    if names:
+        out = Path(tempfile.mkdtemp(prefix=f"inferd-kernels-{rev}-"))
+        for name in names:
+            (out / Path(name).name).write_text(show(name))
+        return load(name=f"inferd_kernels_{rev}", sources=sorted(str(p) for p in out.glob("*.cpp")),
+                    extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"], extra_ldflags=["-fopenmp"])
+    source = next(ast.literal_eval(node.value) for node in ast.parse(show(path)).body
+                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SOURCE")
+    return load_inline(name=f"{Path(path).stem}_{rev}", cpp_sources=[source], functions=list(functions),
+                       extra_cflags=["-O3", "-march=native", "-fopenmp", *cflags], extra_ldflags=["-fopenmp"])
 
 
 def setup(batch: int, context: int, layers: int, blocks_per_layer: int, dtype, seed: int = 0):
@@ -84,7 +94,7 @@ def main() -> None:
     args = ap.parse_args()
     cpp = load_cpp_kernels()
     assert cpp is not None, "the C++ kernels do not build here"
-    baseline = kernels_at(args.baseline) if args.baseline else None
+    baseline = built_at(args.baseline) if args.baseline else None
     bandwidth = round(statistics.median(limits.read_bandwidth() for _ in range(args.repeats)) / 1e9, 1)
     print(f"read bandwidth (benchmarks/limits.py): {bandwidth} GB/s, {torch.get_num_threads()} threads", flush=True)
     rows = []

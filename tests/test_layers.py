@@ -9,7 +9,8 @@ ROOT = Path(__file__).resolve().parents[1] / "inferd"
 # folder -> the folders it may import besides itself; the command line (inferd/cli.py) may import any
 ALLOWED = {
     "protocol": set(),
-    "models": set(),
+    "models": {"kernels"},
+    "kernels": set(),  # the C++ kernels, their build and their Python face
     "router": set(),
     "telemetry": set(),
     "engine": {"models"},
@@ -27,7 +28,7 @@ ALLOWED = {
 }
 EVERYONE = ("settings",)  # inferd/settings.py: config fields to flags; it imports nothing of inferd
 DATA_PATH = ("gateway", "router", "protocol")  # what a request passes through before a replica
-NEVER_FROM_DATA_PATH = ("control", "engine", "models", "replica", "embeddings", "classical", "policy", "cli")
+NEVER_FROM_DATA_PATH = ("control", "engine", "models", "kernels", "replica", "embeddings", "classical", "policy", "cli")
 
 
 def _module(path: Path) -> str:
@@ -108,3 +109,13 @@ def test_no_asyncio_wait_for():
              if isinstance(node, ast.Attribute) and node.attr == "wait_for"
              and isinstance(node.value, ast.Name) and node.value.id == "asyncio"]
     assert not found, f"asyncio.wait_for at {found}"
+
+
+def test_no_cpp_inside_a_python_string():
+    """docs/architecture.md: C++ lives in inferd/kernels/csrc's files, where a compiler, an editor and a linter read
+    it, not in Python strings."""
+    found = [f"{path.relative_to(ROOT.parent)}:{node.lineno}" for path in ROOT.rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and any(marker in node.value for marker in ("#include <", "torch::Tensor", "PYBIND11_MODULE"))]
+    assert not found, f"C++ in a Python string at {found}"

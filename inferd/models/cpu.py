@@ -3,6 +3,8 @@ import functools
 import os
 import subprocess
 
+from inferd.kernels.build import kernel_march
+
 # the flags the rules below read, and the macro a compiler defines where -march has that instruction set
 ISA_MACROS = {"avx2": "__AVX2__", "fma": "__FMA__", "avx512f": "__AVX512F__", "avx512_bf16": "__AVX512BF16__",
               "avx512_vnni": "__AVX512VNNI__", "amx_bf16": "__AMX_BF16__"}
@@ -12,18 +14,6 @@ def cpu_flags() -> frozenset[str]:
     """This CPU's flags; under INFERD_KERNEL_MARCH (another machine's code run here, kernel_march) those of its
     instruction sets that march lacks are left out, so that every rule picks what that machine would."""
     return _flags_for(kernel_march())
-
-
-def per_march(load):
-    """A C++ module's loader `load(march="native")`, cached per -march it builds for: "native" is resolved
-    (kernel_march) before the cache, so that a build for INFERD_KERNEL_MARCH is never handed out later as this
-    CPU's own, nor the other way round."""
-    cached = functools.cache(load)
-
-    @functools.wraps(load)
-    def get(march: str = "native"):
-        return cached(kernel_march(march))
-    return get
 
 
 @functools.cache
@@ -41,14 +31,6 @@ def _flags_for(march: str) -> frozenset[str]:
     except (OSError, subprocess.CalledProcessError):  # no compiler (no kernels either) or a march it does not know
         return flags
     return frozenset(f for f in flags if f not in ISA_MACROS or f"#define {ISA_MACROS[f]} " in macros)
-
-
-def kernel_march(march: str = "native") -> str:
-    """-march of a C++ kernel build: `march`, where "native" (this CPU's own) gives way to INFERD_KERNEL_MARCH,
-    which benchmarks set to run another machine's loops here (haswell: AVX2 alone on an AVX-512 machine, beside
-    ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2 and MKL_ENABLE_INSTRUCTIONS=AVX2 for oneDNN, torch and MKL:
-    benchmarks/limits.py, ISA_LIMITS)."""
-    return os.environ.get("INFERD_KERNEL_MARCH", "native") if march == "native" else march
 
 
 def has_native_bf16() -> bool:

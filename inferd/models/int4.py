@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from inferd.models.cpu import int4_int8_rows
-from inferd.models.decode_loop import INT4_CALL
 from inferd.models.int4_kernel import pack_panels
 from inferd.models.packed import PackedLinear, can_pack
 
@@ -145,13 +144,12 @@ class Int4Linear(nn.Module):
         return self.kernel.int4_linear_int8 if int8 else self.kernel.int4_linear
 
     def kernel_call(self, rows: int, dtype: torch.dtype):
-        """What the C++ decode loop (decode_loop.py) calls for `rows` rows of `dtype`: (kind, the function's
-        address, its weights, N), or None where it is not one of our kernels."""
+        """What the C++ decode loop (decode_loop.py) calls for `rows` rows of `dtype`: (the module, the function's
+        name, its weights, N), or None where it is not one of our kernels."""
         kernel = self.kernel_at(rows) if dtype is self.dtype else None
         if kernel is None:
             return None
-        return INT4_CALL, self.kernel.addresses()[kernel.__name__], [self.nibbles, self.dm, self.row_bias], \
-            self.out_features
+        return self.kernel, kernel.__name__, [self.nibbles, self.dm, self.row_bias], self.out_features
 
     def op(self, dtype: torch.dtype):
         """This linear as one function of a 2-D contiguous input of `dtype`, its weights bound once (the decoder's

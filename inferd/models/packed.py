@@ -9,7 +9,6 @@ import logging
 import torch
 from torch import nn
 
-from inferd.models.decode_loop import GATED_CALL, ONE_ROW_CALL
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +62,13 @@ class PackedLinear(nn.Module):
 
     def kernel_call(self, rows: int, dtype: torch.dtype, gated: bool = False):
         """What the C++ decode loop (decode_loop.py) calls for `rows` rows of `dtype`: the C++ op on the pairs where
-        one serves that many (kind, its address, its weights, N), else None (oneDNN serves). gated: the op that also
-        takes silu(gate) * up (N then half the outputs), None where there is none."""
+        one serves that many (the module, the op's name, its weights, N), else None (oneDNN serves). gated: the op
+        that also takes silu(gate) * up (N then half the outputs), None where there is none."""
         name = self._row_kernel(rows, dtype, "gated" if gated else "linear")
         if name is None:
             return None
-        kind, n = (GATED_CALL, self.out_features // 2) if gated else (ONE_ROW_CALL, self.out_features)
-        return kind, self.one_row.addresses()[name], [self.pairs, EMPTY, self.row_bias], n
+        return self.one_row, name, [self.pairs, EMPTY, self.row_bias], self.out_features // 2 if gated else \
+            self.out_features
 
     def op(self, dtype: torch.dtype):
         """This linear as one function of a 2-D contiguous input, its weights bound once (the decoder's calls)."""

@@ -301,7 +301,7 @@ def test_our_kernel_refuses_what_it_cannot_take():
 
 @pytest.mark.skipif(not takes_rows(torch.float32, "haswell"), reason="no C++ toolchain or no AVX2 here")
 def test_our_kernel_lets_other_python_threads_run():
-    """The C++ kernels release the GIL while they run (inferd.models.cpp_build), as torch's ops do: a replica's
+    """The C++ kernels release the GIL while they run (inferd/kernels/csrc/bindings.cpp), as torch's ops do: a replica's
     event loop goes on while the engine's step is in a kernel."""
     _, q, d, m = q4_1_file_values(2048, 4096)
     nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
