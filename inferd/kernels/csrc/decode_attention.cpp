@@ -185,19 +185,19 @@ constexpr int64_t MIN_PART = 128;
 // Where those are fewer than twice the threads (one sequence of SmolLM2's 3 KV heads on 2 cores: 2 tasks on one
 // thread, 1 on the other), each context is cut into parts of whole blocks, at least MIN_PART positions each, attended
 // separately and merged (merge_parts).
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                           torch::Tensor block_tables, torch::Tensor context_lens,
+at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                           at::Tensor block_tables, at::Tensor context_lens,
                            int64_t block_size, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && q.size(2) == k_cache.size(2)
               && q.size(1) % k_cache.size(1) == 0, "q: [D, H, hd], caches: [slots, KVH, hd] with KVH dividing H");
   check(q, q, "q"); check(k_cache, q, "k_cache"); check(v_cache, q, "v_cache");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && context_lens.scalar_type() == torch::kInt64
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong
               && block_tables.is_contiguous() && context_lens.is_contiguous(), "int64 block tables and lengths");
   const int64_t D = q.size(0), H = q.size(1), hd = q.size(2), KVH = k_cache.size(1);
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == D && context_lens.numel() == D,
               "a block table and a context length per query");
   const int64_t G = H / KVH, nb = block_tables.size(1);
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const int64_t* bt = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   const int64_t row = KVH * hd;  // elements per cache slot

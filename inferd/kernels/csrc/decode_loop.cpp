@@ -7,7 +7,7 @@
 #include <string>
 #include <unordered_map>
 
-using T = torch::Tensor;
+using T = at::Tensor;
 
 // the linears a plan calls, by their index in a plan's ints; *_gated return silu(gate) * up of the fused [gate; up]
 // projection (N: half its outputs), so that the loop takes no silu_mul after them

@@ -3,7 +3,7 @@
 // The module builds with -ffast-math (the decoder's kernels: so that exp vectorizes); this file's code never did.
 #pragma GCC optimize("no-fast-math")
 #include "kernels.h"
-#include <torch/extension.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 #include <cstring>
 #include <type_traits>
@@ -359,8 +359,8 @@ static void panels_by_tiles(int64_t P, int64_t M, int64_t T, const F& tile) {
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 // bf16 rows x: [M, K] rounded to Q a group of 32, against every panel into y: [M, N] bf16
 template <typename Q>
-static void integer_rows(const torch::Tensor& x, const uint8_t* wp, const uint16_t* dp, const float* bp, int64_t P,
-                         int64_t G, int64_t N, torch::Tensor& y) {
+static void integer_rows(const at::Tensor& x, const uint8_t* wp, const uint16_t* dp, const float* bp, int64_t P,
+                         int64_t G, int64_t N, at::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1);
   const bf16* xp = (const bf16*)x.data_ptr();
   const RoundedRows<Q> xq(xp, M, K, [](auto... a) { return round_group<Q>(a...); });
@@ -379,29 +379,29 @@ static void integer_rows(const torch::Tensor& x, const uint8_t* wp, const uint16
 }
 #endif
 
-static void check_weights(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& dm,
-                          const torch::Tensor& bias, int64_t N) {
-  TORCH_CHECK(w.dim() == 4 && w.is_contiguous() && w.scalar_type() == torch::kUInt8 && w.size(2) == 8 && w.size(3) == 32,
+static void check_weights(const at::Tensor& x, const at::Tensor& w, const at::Tensor& dm,
+                          const at::Tensor& bias, int64_t N) {
+  TORCH_CHECK(w.dim() == 4 && w.is_contiguous() && w.scalar_type() == at::kByte && w.size(2) == 8 && w.size(3) == 32,
               "w: [P, G, 8, 32] uint8");
   const int64_t K = x.size(1), P = w.size(0), G = w.size(1);
   TORCH_CHECK(K == G * 32 && P * 16 >= N && N > (P - 1) * 16, "x and w disagree on K, or w on N");
-  TORCH_CHECK(dm.is_contiguous() && dm.scalar_type() == torch::kFloat16 && dm.numel() == P * G * 32,
+  TORCH_CHECK(dm.is_contiguous() && dm.scalar_type() == at::kHalf && dm.numel() == P * G * 32,
               "dm: [P, G, 2, 16] fp16");
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == P * 16 && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == P * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
               "bias: empty or [P * 16] float32");
 }
 
 // x: [M, K] bf16 or float32; w: [P, G, 8, 32] uint8 (pack_panels); dm: [P, G, 2, 16] fp16; bias: [P * 16] fp32 or
 // empty. Returns y: [M, N] of x's dtype.
-torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, torch::Tensor bias, int64_t N) {
-  const bool bf = x.scalar_type() == torch::kBFloat16;
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (bf || x.scalar_type() == torch::kFloat32),
+at::Tensor int4_linear(at::Tensor x, at::Tensor w, at::Tensor dm, at::Tensor bias, int64_t N) {
+  const bool bf = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (bf || x.scalar_type() == at::kFloat),
               "x: contiguous [M, K] bf16 or float32");
   TORCH_CHECK(bf ? int4_linear_bf16_native() : int4_linear_fp32_native(),
               bf ? "bf16 rows need a build with AVX-512 BF16 and VNNI" : "float32 rows need a build with AVX2 and FMA");
   check_weights(x, w, dm, bias, N);
   const int64_t M = x.size(0), K = x.size(1), P = w.size(0), G = w.size(1);
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const uint16_t* dp = (const uint16_t*)dm.data_ptr();
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
@@ -426,15 +426,15 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor dm, to
 
 // As int4_linear, each group of 32 inputs rounded to int8 on its own scale (llama.cpp's Q4_1 x Q8_1): bf16 rows on
 // AVX-512 VNNI, float32 rows on AVX2
-torch::Tensor int4_linear_int8(torch::Tensor x, torch::Tensor w, torch::Tensor dm, torch::Tensor bias, int64_t N) {
-  const bool bf = x.scalar_type() == torch::kBFloat16;
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (bf || x.scalar_type() == torch::kFloat32),
+at::Tensor int4_linear_int8(at::Tensor x, at::Tensor w, at::Tensor dm, at::Tensor bias, int64_t N) {
+  const bool bf = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (bf || x.scalar_type() == at::kFloat),
               "x: contiguous [M, K] bf16 or float32");
   TORCH_CHECK(bf ? int4_linear_bf16_native() : int4_linear_fp32_native(),
               bf ? "int8 inputs of bf16 rows need a build with AVX-512 VNNI and BF16"
                  : "int8 inputs of float32 rows need a build with AVX2 and FMA");
   check_weights(x, w, dm, bias, N);
-  auto y = torch::empty({x.size(0), N}, x.options());
+  auto y = at::empty({x.size(0), N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const uint16_t* dp = (const uint16_t*)dm.data_ptr();
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;

@@ -3,7 +3,7 @@
 // The module builds with -ffast-math (the decoder's kernels: so that exp vectorizes); this file's code never did.
 #pragma GCC optimize("no-fast-math")
 #include "kernels.h"
-#include <torch/extension.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <immintrin.h>
@@ -227,13 +227,13 @@ static void rows(int64_t M, const float* x, int64_t ldx, const void* panel, int6
 }
 
 // x: [M, K] fp32; packed: [P, K, 16] int8; scale: [P * 16] fp32; bias: [N] fp32 or empty. Returns [M, N].
-torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, torch::Tensor bias,
+at::Tensor int8_linear(at::Tensor x, at::Tensor packed, at::Tensor scale, at::Tensor bias,
                           int64_t N, int64_t fused_max_m) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && packed.dtype() == torch::kInt8, "fp32 x, int8 weights");
+  TORCH_CHECK(x.dtype() == at::kFloat && packed.dtype() == at::kChar, "fp32 x, int8 weights");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && packed.is_contiguous(), "contiguous 2-d x");
   const int64_t M = x.size(0), K = x.size(1), P = packed.size(0);
   TORCH_CHECK(packed.size(1) == K && packed.size(2) == NR && P * NR >= N, "packed weight shape");
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;  // a step whose rows sample none (a prompt's chunk before its last): the row loops take M >= 1
   const float* xp = x.data_ptr<float>();
   const int8_t* wp = packed.data_ptr<int8_t>();

@@ -1,11 +1,11 @@
 // Every kernel's signature: included by the files that define them, by the decode loop that calls them and by the
 // bindings, so that the compiler checks every call. The Python face: inferd/kernels/ops.py.
 #pragma once
-#include <torch/extension.h>
+#include "aten.h"
 #include <cstdint>
 #include <vector>
 
-using torch::Tensor;
+using at::Tensor;
 
 // norms.cpp: the decoder's small ops, float32 or bf16, computed in float32 and rounded once
 Tensor rms_norm(Tensor x, Tensor w, double eps);

@@ -41,11 +41,11 @@ static inline __m512 silu16(__m512 g, __m512 u) {
 
 // the checks of a linear on weights in pairs (one_row_linear's, amx_linear's); gated: the fused [gate; up] projection,
 // its two halves whole panels. Returns the panels of output (units): P, or P / 2 gated.
-static int64_t check_pairs(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool gated) {
-  TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 2 && w.scalar_type() == torch::kBFloat16
+static int64_t check_pairs(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gated) {
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 2 && w.scalar_type() == at::kBFloat16
               && w.is_contiguous() && w.size(1) * 2 == x.size(1), "w must be [N / 16, K / 2, 16, 2] bfloat16");
   const int64_t P = w.size(0);
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == P * 16 && bias.scalar_type() == torch::kFloat32 && bias.is_contiguous()),
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == P * 16 && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
               "bias must be empty or [N] float32");
   TORCH_CHECK(!gated || P % 2 == 0, "a gated projection's halves must be whole panels of 16 outputs");
   return gated ? P / 2 : P;
@@ -61,13 +61,13 @@ static inline void put16(void* y, int64_t i, __m512 v, bool f32) {
 
 // A single bf16 row; gated: silu(gate) up of a fused [gate; up] projection (y [1, N / 2]), the up half's panel u
 // U panels after the gate's; f32: y in float32.
-static torch::Tensor one_row(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool gated,
+static at::Tensor one_row(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gated,
                              bool f32) {
   TORCH_CHECK(one_row_linear_native(), "one_row_linear needs a build with AVX-512 BF16");
-  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(),
+  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "x must be one contiguous bfloat16 row");
   const int64_t U = check_pairs(x, w, bias, gated), K = x.size(1);
-  auto y = torch::empty({1, U * 16}, x.options().dtype(f32 ? torch::kFloat32 : torch::kBFloat16));
+  auto y = at::empty({1, U * 16}, x.options().dtype(f32 ? at::kFloat : at::kBFloat16));
 #if defined(__AVX512BF16__)
   const bf16* xp = ptr<bf16>(x);
   const bf16* wp = ptr<bf16>(w);
@@ -95,11 +95,11 @@ static torch::Tensor one_row(const torch::Tensor& x, const torch::Tensor& w, con
   return y;
 }
 
-torch::Tensor one_row_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+at::Tensor one_row_linear(at::Tensor x, at::Tensor w, at::Tensor bias) {
   return one_row(x, w, bias, false, false);
 }
-torch::Tensor one_row_gated(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return one_row(x, w, bias, true, false); }
-torch::Tensor one_row_linear_f32(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+at::Tensor one_row_gated(at::Tensor x, at::Tensor w, at::Tensor bias) { return one_row(x, w, bias, true, false); }
+at::Tensor one_row_linear_f32(at::Tensor x, at::Tensor w, at::Tensor bias) {
   return one_row(x, w, bias, false, true);
 }
 
@@ -284,10 +284,10 @@ static void amx_many_rows(const bf16* xp, int64_t M, int64_t K, const bf16* wp, 
 #endif
 
 // gated: silu(gate) up of a fused [gate; up] projection, y [M, N / 2]; f32: y in float32 (as one_row's)
-static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool gated,
+static at::Tensor amx_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gated,
                               bool f32) {
   TORCH_CHECK(amx_linear_native(), "amx_linear needs a build with AMX bf16, on a kernel that lets it use the tiles");
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous()
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == at::kBFloat16 && x.is_contiguous()
               && x.size(1) % 32 == 0, "x must be contiguous bfloat16 rows of a multiple of 32 inputs");
   const int64_t U = check_pairs(x, w, bias, gated), M = x.size(0), K = x.size(1), P = w.size(0), N = U * 16;
 #if defined(__AMX_BF16__)
@@ -295,12 +295,12 @@ static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, co
   const bf16* wp = ptr<bf16>(w);
   const float* bp = bias.numel() ? ptr<float>(bias) : nullptr;
   if (M > AMX_MAX_ROWS) {
-    auto y = torch::empty({M, P * 16}, x.options());
+    auto y = at::empty({M, P * 16}, x.options());
     amx_many_rows(xp, M, K, wp, P, bp, ptr<bf16>(y));
     y = gated ? silu_mul(y) : y;
-    return f32 ? y.to(torch::kFloat32) : y;
+    return f32 ? y.to(at::kFloat) : y;
   }
-  auto y = torch::empty({M, N}, x.options().dtype(f32 ? torch::kFloat32 : torch::kBFloat16));
+  auto y = at::empty({M, N}, x.options().dtype(f32 ? at::kFloat : at::kBFloat16));
   void* yp = y.data_ptr();
   const int tiles = (int)((M + 15) / 16), last = (int)(M - 16 * (tiles - 1));
   TileConfig cfg;
@@ -334,12 +334,12 @@ static torch::Tensor amx_rows(const torch::Tensor& x, const torch::Tensor& w, co
   });
   return y;
 #else
-  return torch::empty({M, N}, x.options());
+  return at::empty({M, N}, x.options());
 #endif
 }
 
-torch::Tensor amx_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return amx_rows(x, w, bias, false, false); }
-torch::Tensor amx_gated(torch::Tensor x, torch::Tensor w, torch::Tensor bias) { return amx_rows(x, w, bias, true, false); }
-torch::Tensor amx_linear_f32(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+at::Tensor amx_linear(at::Tensor x, at::Tensor w, at::Tensor bias) { return amx_rows(x, w, bias, false, false); }
+at::Tensor amx_gated(at::Tensor x, at::Tensor w, at::Tensor bias) { return amx_rows(x, w, bias, true, false); }
+at::Tensor amx_linear_f32(at::Tensor x, at::Tensor w, at::Tensor bias) {
   return amx_rows(x, w, bias, false, true);
 }

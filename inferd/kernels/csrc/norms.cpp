@@ -12,11 +12,11 @@ template <typename T> static void norm_row(const T* x, const T* w, T* out, int64
 }
 
 // x: [T, n], w: [n]
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 1 && w.numel() == x.size(1), "x: [rows, n], weight: [n]");
   check(x, x, "x"); TORCH_CHECK(w.is_contiguous() && w.scalar_type() == x.scalar_type(), "weight: contiguous, x's dtype");
   const int64_t rows = x.size(0), n = x.size(1);
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   by_dtype(x, [&](auto z) {
     using T = decltype(z);
     const T *xp = ptr<T>(x), *wp = ptr<T>(w); T* op = ptr<T>(out);
@@ -28,13 +28,13 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
 }
 
 // residual += x, rounded to the dtype as a torch add would; returns rms_norm(residual)
-torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps) {
+at::Tensor add_rms_norm(at::Tensor x, at::Tensor residual, at::Tensor w, double eps) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 1 && w.numel() == x.size(1), "x: [rows, n], weight: [n]");
   check(x, x, "x"); check(residual, x, "residual");
   TORCH_CHECK(w.is_contiguous() && w.scalar_type() == x.scalar_type(), "weight: contiguous, x's dtype");
   TORCH_CHECK(residual.sizes() == x.sizes(), "residual must have the shape of x");
   const int64_t rows = x.size(0), n = x.size(1);
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   by_dtype(x, [&](auto z) {
     using T = decltype(z);
     const T *xp = ptr<T>(x), *wp = ptr<T>(w); T *rp = ptr<T>(residual), *op = ptr<T>(out);
@@ -53,18 +53,18 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tenso
 // qkv: [T, (H + 2 KVH) hd]; cos, sin: [positions, hd/2] float32; positions, slots: [T] int64;
 // k_cache, v_cache: [slots, KVH, hd]. Rotates each pair (2i, 2i+1) of q and k by its angle i, writes k and v
 // to their slots and returns q: [T, H, hd].
-torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor positions,
-                         torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots, int64_t H, int64_t KVH) {
+at::Tensor rope_cache(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor positions,
+                         at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots, int64_t H, int64_t KVH) {
   check(qkv, qkv, "qkv"); check(k_cache, qkv, "k_cache"); check(v_cache, qkv, "v_cache");
-  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() && sin.is_contiguous(), "float32 cos, sin");
-  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && slots.scalar_type() == torch::kInt64, "int64 positions, slots");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous(), "float32 cos, sin");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong, "int64 positions, slots");
   const int64_t rows = qkv.size(0), hd = k_cache.size(2), half = hd / 2, width = qkv.size(1);
   TORCH_CHECK(qkv.dim() == 2 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(), "qkv: [T, width], caches: [slots, KVH, hd]");
   TORCH_CHECK(width == (H + 2 * KVH) * hd && k_cache.size(1) == KVH, "qkv's width must be (heads + 2 kv_heads) head_dim");
   TORCH_CHECK(positions.numel() == rows && slots.numel() == rows, "one position and slot per row");
   TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(1) == half, "cos, sin: [positions, head_dim / 2]");
   const int64_t num_slots = k_cache.size(0), num_positions = cos.size(0);
-  auto q = torch::empty({rows, H, hd}, qkv.options());
+  auto q = at::empty({rows, H, hd}, qkv.options());
   const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
   const int64_t *pos = positions.data_ptr<int64_t>(), *slot = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < rows; ++t)
@@ -103,11 +103,11 @@ template <typename T> static int64_t silu_mul_vec(const T* g, const T* u, T* o, 
 #endif
 
 // gate_up: [T, 2I] -> silu(gate) * up: [T, I]
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   check(gate_up, gate_up, "gate_up");
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up: [rows, 2 I]");
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
-  auto out = torch::empty({rows, n}, gate_up.options());
+  auto out = at::empty({rows, n}, gate_up.options());
   by_dtype(gate_up, [&](auto z) {
     using T = decltype(z);
     const T* gp = ptr<T>(gate_up); T* op = ptr<T>(out);

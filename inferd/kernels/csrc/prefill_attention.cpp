@@ -2,6 +2,8 @@
 #include "vec.h"
 #include "amx.h"
 #include "kernels.h"
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
 
 // Prefill attention of one chunk: q [n, H, hd], its context's K/V in the cache blocks `blocks` [nb], the last n of the
 // ctx positions being the queries' own (causal). A flash attention on this CPU's vectors: each KV head's keys and
@@ -14,10 +16,10 @@
 // - float32 on AVX-512 (FMA): a key vector holds one dimension of 16 keys, values stay rows.
 // With AMX, bf16 at head_dim 32 and 64 takes prefill_amx (below). Elsewhere (AVX2, bf16 without AVX-512 BF16, a
 // head_dim the loops do not take, bf16 at another head_dim with AMX) the gather and torch's SDPA.
-static torch::Tensor prefill_sdpa(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                                  const torch::Tensor& blocks, int64_t ctx, int64_t block_size, double scale) {
+static at::Tensor prefill_sdpa(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& blocks, int64_t ctx, int64_t block_size, double scale) {
   const int64_t n = q.size(0), KVH = k_cache.size(1), hd = k_cache.size(2);
-  auto gather = [&](const torch::Tensor& c) {
+  auto gather = [&](const at::Tensor& c) {
     return c.view({-1, block_size, KVH, hd}).index_select(0, blocks).view({-1, KVH, hd}).narrow(0, 0, ctx)
         .transpose(0, 1).unsqueeze(0);
   };
@@ -33,7 +35,7 @@ static torch::Tensor prefill_sdpa(const torch::Tensor& q, const torch::Tensor& k
                                                                  false, std::nullopt, scale);
   auto [o2, l2] = at::_scaled_dot_product_flash_attention_for_cpu(qq, k.narrow(2, past, n), v.narrow(2, past, n), 0.0,
                                                                  true, std::nullopt, scale);
-  auto out = torch::empty_like(q);  // [n, H, hd]
+  auto out = at::empty_like(q);  // [n, H, hd]
   l1 = l1.contiguous(), l2 = l2.contiguous();  // [1, H, n] float32
   const float *lse1 = ptr<float>(l1), *lse2 = ptr<float>(l2);
   by_dtype(q, [&](auto z) {
@@ -362,20 +364,20 @@ template <int HD> static void prefill_amx(const bf16* qp, const bf16* kc, const 
 #endif
 
 // q: [n, H, hd]; k_cache, v_cache: [slots, KVH, hd]; blocks: [nb] int64, the context's blocks; ctx >= n
-torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor blocks,
+at::Tensor prefill_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor blocks,
                                 int64_t ctx, int64_t block_size, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && q.size(2) == k_cache.size(2)
               && q.size(1) % k_cache.size(1) == 0, "q: [n, H, hd], caches: [slots, KVH, hd] with KVH dividing H");
   check(q, q, "q"); check(k_cache, q, "k_cache"); check(v_cache, q, "v_cache");
-  TORCH_CHECK(blocks.scalar_type() == torch::kInt64 && blocks.dim() == 1 && blocks.is_contiguous(), "int64 blocks [nb]");
+  TORCH_CHECK(blocks.scalar_type() == at::kLong && blocks.dim() == 1 && blocks.is_contiguous(), "int64 blocks [nb]");
   const int64_t n = q.size(0), H = q.size(1), hd = q.size(2), KVH = k_cache.size(1);
   TORCH_CHECK(0 < n && n <= ctx && ctx <= blocks.numel() * block_size, "need 0 < n <= ctx <= the blocks' slots");
   const int64_t* bt = blocks.data_ptr<int64_t>();
   for (int64_t b = 0; b < (ctx + block_size - 1) / block_size; ++b)
     TORCH_CHECK(0 <= bt[b] && bt[b] < k_cache.size(0) / block_size, "block id out of range");
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
 #ifdef INFERD_VEC
-  if (q.scalar_type() == torch::kFloat32 && W == 16) {  // with AVX2's 8 lanes, 0.7-1.1x SDPA: not taken
+  if (q.scalar_type() == at::kFloat && W == 16) {  // with AVX2's 8 lanes, 0.7-1.1x SDPA: not taken
     if (auto run = flash_for<F32Flash, float>(hd, W)) {
       run(ptr<float>(q), ptr<float>(k_cache), ptr<float>(v_cache), bt, n, ctx, H, KVH, block_size, (float)scale,
           ptr<float>(out));
@@ -383,7 +385,7 @@ torch::Tensor prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::T
     }
   }
 #if defined(__AVX512BF16__)
-  if (q.scalar_type() == torch::kBFloat16) {
+  if (q.scalar_type() == at::kBFloat16) {
 #if defined(__AMX_BF16__)  // with AMX, SDPA's AMX tiles were 2.3-3.6x the dot products' loops: the tiles here
     auto run = !amx_linear_native() ? nullptr : hd == 64 ? prefill_amx<64> : hd == 32 ? prefill_amx<32> : nullptr;
 #else

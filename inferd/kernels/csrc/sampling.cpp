@@ -5,11 +5,11 @@
 // Each row's argmax of logits [B, V] (float32), the first of equal maxima, rows on all threads: the greedy pick.
 // torch's max over the rows ran on one thread (1.4 ms of a 64-stream bf16 decode step of SmolLM2's on an Emerald
 // Rapids). A row whose maximum equals none of its values (NaN, which -ffast-math's compares do not order) takes 0.
-torch::Tensor best_rows(torch::Tensor logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == torch::kFloat32,
+at::Tensor best_rows(at::Tensor logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == at::kFloat,
               "logits must be contiguous [rows, vocab] float32");
   const int64_t B = logits.size(0), V = logits.size(1);
-  auto out = torch::empty({B}, torch::kInt64);
+  auto out = at::empty({B}, at::kLong);
   const float* lp = ptr<float>(logits);
   int64_t* op = ptr<int64_t>(out);
   at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
@@ -41,16 +41,16 @@ torch::Tensor best_rows(torch::Tensor logits) {
 // float64 in token order, passes u * total. A -inf logit (a masked token) weighs exactly 0, so is never drawn; the
 // sum is taken 16 tokens at a time, and inside the chunk that passes, the same sums from 0 in the same order find the
 // token (so the search always ends on a token of weight > 0 by the last chunk: u * total < total).
-torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch::Tensor u) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == torch::kFloat32,
+at::Tensor sample_rows(at::Tensor logits, at::Tensor temperature, at::Tensor u) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == at::kFloat,
               "logits must be contiguous [rows, vocab] float32");
   const int64_t B = logits.size(0), V = logits.size(1);
-  TORCH_CHECK(temperature.is_contiguous() && temperature.scalar_type() == torch::kFloat32 && temperature.numel() == B,
+  TORCH_CHECK(temperature.is_contiguous() && temperature.scalar_type() == at::kFloat && temperature.numel() == B,
               "temperature must be [rows] float32");
-  TORCH_CHECK(u.is_contiguous() && u.scalar_type() == torch::kFloat64 && u.numel() == B, "u must be [rows] float64");
+  TORCH_CHECK(u.is_contiguous() && u.scalar_type() == at::kDouble && u.numel() == B, "u must be [rows] float64");
   constexpr int64_t CH = 16;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  auto out = torch::empty({B}, torch::kInt64);
+  auto out = at::empty({B}, at::kLong);
   const float* lp = ptr<float>(logits);
   const float* tp = ptr<float>(temperature);
   const double* up = ptr<double>(u);

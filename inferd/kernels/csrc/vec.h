@@ -1,7 +1,7 @@
 // The vector helpers the decoder's kernels share: bf16 as bits, float32 vectors of this CPU's width (AVX-512,
 // AVX2 + FMA; none elsewhere: scalar loops), e^x, silu, prefetches.
 #pragma once
-#include <torch/extension.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <cstdint>
@@ -24,16 +24,16 @@ template <> inline bf16 to<bf16>(float x) {  // round to nearest even, as torch 
   return bf16((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-template <typename T> static T* ptr(const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
+template <typename T> static T* ptr(const at::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
 
 // f(T{}) with T the element type of t: float or bf16
-template <typename F> static void by_dtype(const torch::Tensor& t, F&& f) {
-  if (t.scalar_type() == torch::kFloat32) f(float{});
-  else if (t.scalar_type() == torch::kBFloat16) f(bf16{});
+template <typename F> static void by_dtype(const at::Tensor& t, F&& f) {
+  if (t.scalar_type() == at::kFloat) f(float{});
+  else if (t.scalar_type() == at::kBFloat16) f(bf16{});
   else TORCH_CHECK(false, "float32 or bfloat16 only, got ", t.scalar_type());
 }
 
-static void check(const torch::Tensor& t, const torch::Tensor& like, const char* name) {
+static void check(const at::Tensor& t, const at::Tensor& like, const char* name) {
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
   TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " must have the dtype of the input");
 }
