@@ -13,7 +13,8 @@ what the others' latency does meanwhile.
 
     python benchmarks/policy.py --out benchmarks/results/policy.json
 
-Every server starts first and they take turns in each cell (robots, stall, repeat). Each gets one torch thread. Load generator, servers and simulators share the machine: read ratios.
+Every server starts first and they take turns in each cell (robots, stall, repeat). Each gets one torch thread.
+Load generator, servers and simulators share the machine: read ratios.
 """
 import argparse
 import asyncio

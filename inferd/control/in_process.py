@@ -1,7 +1,7 @@
 """A replica inside the gateway's process (placement.backend: in_process): the cheap kinds without a second hop.
 
-A classical model or a robot policy answers in well under a millisecond, and a replica process in front of it
-costs the request a loopback HTTP round trip, a second HTTP parser and a second process's share of the cores.
+A classical model or a robot policy answers in about the time a replica process in front of it adds to each
+request: a loopback HTTP round trip, a second HTTP parser and a second process's share of the cores.
 Here the replica's own app (the same Starlette app `inferd replica` serves) is mounted on the gateway's
 upstream transport under its URL's host, and runs on the gateway's event loop: the gateway's request path,
 its keys, limits, admission and usage records are the same as for a remote replica, and the data path still

@@ -317,7 +317,8 @@ async def _app_response(app: ASGIApp, request: httpx.Request) -> httpx.Response:
     path, _, query = url.raw_path.partition(b"?")
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": request.method,
              "scheme": "http", "path": url.path, "raw_path": path, "query_string": query, "root_path": "",
-             "headers": [(n.lower(), v) for n, v in request.headers.raw], "server": (url.host, url.port or 80), "client": ("127.0.0.1", 0)}
+             "headers": [(n.lower(), v) for n, v in request.headers.raw], "server": (url.host, url.port or 80),
+             "client": ("127.0.0.1", 0)}
     read_timeout_s = (request.extensions.get("timeout") or {}).get("read")
     call = _AppCall(app, scope, body)
     try:
