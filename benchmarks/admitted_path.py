@@ -24,6 +24,7 @@ from pathlib import Path
 import orjson
 
 from benchmarks.classical import train
+from benchmarks.refusal_path import asgi_post
 from inferd.classical.config import ClassicalConfig
 from inferd.control.gateway_setup import deployment_for
 from inferd.control.in_process import InProcessReplica
@@ -33,31 +34,6 @@ from inferd.gateway.deployments import Deployments, Upstream
 from inferd.gateway.limits import MemoryLimiter
 from inferd.gateway.store import Store
 from inferd.gateway.transport import UpstreamTransport
-
-
-def caller(app, key: str, body: bytes):
-    head = [(b"host", b"x"), (b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode())]
-    statuses: Counter = Counter()
-
-    async def one() -> None:
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/v1/predict", "raw_path": b"/v1/predict", "query_string": b"",
-                 "root_path": "", "headers": head, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
-        sent = False
-
-        async def receive() -> dict:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()
-
-        async def send(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                statuses[message["status"]] += 1
-        await app(scope, receive, send)
-    return one, statuses
 
 
 async def per_request_us(one, n: int, concurrency: int, profiler: cProfile.Profile | None = None) -> float:
@@ -114,8 +90,8 @@ async def run(args) -> dict:
     gc.collect()
     gc.freeze()  # as run_gateway does after start-up
     body = orjson.dumps({"model": "logreg", "inputs": [dict(zip(names, X[0].tolist()))]})
-    direct, direct_statuses = caller(replica.app, replica.api_key, body)
-    through, through_statuses = caller(app, new.key, body)
+    direct, direct_statuses = asgi_post(replica.app, "/v1/predict", replica.api_key, body)
+    through, through_statuses = asgi_post(app, "/v1/predict", new.key, body)
     for one in (direct, through):  # warm-up
         await per_request_us(one, 100, args.concurrency)
     times = {"replica": [], "gateway": []}
