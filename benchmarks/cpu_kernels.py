@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from benchmarks.engine import _cpu_name
-from inferd.models.cpu import cpu_flags
+from inferd.kernels.variants import cpu_flags
 from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
 from inferd.models.int4 import GROUP, Int4Linear, int4_available
 from inferd.models.packed import PackedLinear
@@ -97,7 +97,7 @@ def main() -> None:
                 "general path": per_call_us(lambda: l8(x.view(1, 1, HIDDEN)), args.calls, args.repeats)}
             head = nn.Linear(HIDDEN, VOCAB, bias=False)  # lm_head: int8 against the bf16 copy, by rows (HEAD_MAX_ROWS)
             h8, dense = Int8Linear(head, kernel), PackedLinear(head.to(torch.bfloat16))
-            avx2 = load_int8_kernel("haswell") if "avx512f" in cpu_flags() else None
+            avx2 = load_int8_kernel("avx2") if "avx512f" in cpu_flags() else None
             for rows in (1, 2, 3, 4, 8):
                 x = torch.randn(rows, HIDDEN).to(torch.bfloat16)
                 result["linears_us"][f"lm_head {rows}x576 @ {VOCAB}"] = {

@@ -36,7 +36,7 @@ from benchmarks.venvs import ensure_venv
 from inferd.embeddings.config import EmbeddingConfig
 from inferd.embeddings.runtime import EmbeddingRuntime
 from inferd.models.bert import BertEncoder, load_weights
-from inferd.models.cpu import cpu_flags
+from inferd.kernels.variants import cpu_flags
 from inferd.models.packed import pack_linears
 from inferd.models.sentence import load_embedding_model
 

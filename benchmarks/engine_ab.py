@@ -3,7 +3,7 @@
 --change names what differs; "on" is the engine as it ships, "off" without the change:
   huge_page_weights  weights on 2 MiB pages (inferd/models/huge_pages.py) / on 4 KiB pages
   decode_loop        a decode step's layers as one C++ call (inferd/models/decode_loop.py) / the Python loop
-  amx_many_rows      a prefill's rows of the narrower linears on amx_linear (packed.AMX_MANY_ROWS_MAX_OUT) /
+  amx_many_rows      a prefill's rows of the narrower linears on amx_linear (select.DENSE_BF16's last row) /
                      all on oneDNN's prepacked product
 For each of --formats (dtype:quantization) both engines are built in this process; each decode batch size is
 measured on both in turn (benchmarks/engine.py's decode: B prompts of 128 random tokens, --new-tokens each,
@@ -29,7 +29,7 @@ from benchmarks.engine import NEW_TOKENS, PROMPT_LEN, _cpu_name, _loadavg, _log,
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
-from inferd.models import packed
+from inferd.kernels import select
 from inferd.models.loader import load_model
 
 CHANGES = ("huge_page_weights", "decode_loop", "amx_many_rows")
@@ -47,9 +47,10 @@ def engine(model, spec: str, change: str, on: bool, batches: list[int], prefill:
     if change == "decode_loop" and not on:
         e.runner.model._loop = lambda meta, rows: None
     if change == "amx_many_rows":  # the layers' ops are bound on first use: now, with the limit of this side
-        limit, packed.AMX_MANY_ROWS_MAX_OUT = packed.AMX_MANY_ROWS_MAX_OUT, packed.AMX_MANY_ROWS_MAX_OUT if on else 0
+        rules = select.DENSE_BF16
+        select.DENSE_BF16 = rules if on else rules[:-1]
         e.runner.model.layer_ops()
-        packed.AMX_MANY_ROWS_MAX_OUT = limit
+        select.DENSE_BF16 = rules
     return e
 
 

@@ -1,14 +1,14 @@
 """Our Q4_1 kernel's two ways, on the same packed weights: the inputs rounded to int8 a group (`int4_linear_int8`,
 as llama.cpp multiplies Q4_1 by Q8_1) against 16 bits a group (`int4_linear`). bf16 rows (AVX-512 VNNI): vpdpbusd
 adds 4 nibble x int8 products a lane exactly in 32 bits, against vpdpwssd on the 16-bit inputs (before 2026-12-05
-nibbles widened to bf16, vdpbf16ps). float32 rows (AVX2, `--dtype float32 --march haswell`): vpmaddubsw's 32
+nibbles widened to bf16, vdpbf16ps). float32 rows (AVX2, `--dtype float32 --isa avx2`): vpmaddubsw's 32
 products an instruction against vpmaddwd's 16. SmolLM2-135M's 120 layer linears, from memory, at a few rows
-(inferd.models.cpu.int4_int8_rows is set from this), and each one's error against the float64 product of the file's
+(inferd.kernels.select's INT4 rule is set from this), and each one's error against the float64 product of the file's
 weights on random inputs.
 
     PYTHONPATH=. .venv/bin/python benchmarks/int4_int8_inputs.py --out benchmarks/results/int4-int8-inputs-zen4.md
-    MKL_ENABLE_INSTRUCTIONS=AVX2 INFERD_KERNEL_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
-        PYTHONPATH=. .venv/bin/python benchmarks/int4_int8_inputs.py --dtype float32 --march haswell \
+    MKL_ENABLE_INSTRUCTIONS=AVX2 INFERD_KERNEL_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
+        PYTHONPATH=. .venv/bin/python benchmarks/int4_int8_inputs.py --dtype float32 --isa avx2 \
         --out benchmarks/results/int4-int8-inputs-avx2-code-emr.md
 """
 import argparse
@@ -31,10 +31,10 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    ap.add_argument("--march", default="native", help="-march of the kernel's build (haswell: AVX2 alone)")
+    ap.add_argument("--isa", default="native", help="the kernels' variant (inferd.kernels.variants; avx2: the AVX2 loops alone)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    dtype, kernel = getattr(torch, args.dtype), load_int4_kernel(args.march)
+    dtype, kernel = getattr(torch, args.dtype), load_int4_kernel(args.isa)
     assert kernel is not None and takes(kernel, dtype), f"our int4 kernel takes no {args.dtype} rows on this build"
     weights = layer_linears(load_model(None, progress=False).weights)
     layers = [Int4Linear(as_linear(w), 1 << 30, kernel, dtype) for w in weights]
@@ -42,7 +42,7 @@ def main() -> None:
     ops = {rows_name: lambda l, x: kernel.int4_linear(x, l.nibbles, l.dm, l.row_bias, l.out_features),
            "int8 inputs": lambda l, x: kernel.int4_linear_int8(x, l.nibbles, l.dm, l.row_bias, l.out_features)}
     lines = [f"# Q4_1 linears: int8 inputs against {rows_name} ({datetime.now(timezone.utc):%Y-%m-%d}; "
-             f"{_cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, -march={args.march}; "
+             f"{_cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, kernels {args.isa}; "
              f"limits: {isa_limits()})", "",
              f"`PYTHONPATH=. .venv/bin/python benchmarks/int4_int8_inputs.py {' '.join(sys.argv[1:])}`", "",
              "Error: |y - y_ref| / |y_ref| over 8 random rows of each of the 4 linears of layer 0 (y_ref: float64, the "

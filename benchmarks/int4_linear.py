@@ -8,13 +8,13 @@ passes per size, the candidates taking turns.
 (oneDNN prepacked).
 --dtype float32: our Q4_1 kernel's float32 rows (AVX2 loops: 16-bit inputs, int8 ones from int4_int8_rows rows, as
 the engine calls it), our int8 kernel (inferd.models.quant), and a dense float32 copy (oneDNN prepacked).
-`--march haswell` builds our kernels for AVX2 alone; with the other limits of benchmarks/limits.py (ISA_LIMITS)
+`--isa avx2` builds our kernels for AVX2 alone; with the other limits of benchmarks/limits.py (ISA_LIMITS)
 oneDNN, torch and MKL keep to AVX2 too: an AVX2 machine's code on this one (its memory and cores stay this
 machine's).
 
     PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py --out benchmarks/results/int4-linear-zen4.json
-    MKL_ENABLE_INSTRUCTIONS=AVX2 INFERD_KERNEL_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
-        PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py --dtype float32 --march haswell \
+    MKL_ENABLE_INSTRUCTIONS=AVX2 INFERD_KERNEL_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
+        PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py --dtype float32 --isa avx2 \
         --rows 1,4,16,32,64,128,256,1024 --out benchmarks/results/int4-linear-fp32-avx2-code-emr.json
 """
 import argparse
@@ -80,11 +80,11 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,3,4,6,8,12,16")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    ap.add_argument("--march", default="native", help="-march of our kernels' build (haswell: AVX2 alone)")
+    ap.add_argument("--isa", default="native", help="the kernels' variant (inferd.kernels.variants; avx2: the AVX2 loops alone)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    kernel = load_int4_kernel(args.march)
+    kernel = load_int4_kernel(args.isa)
     assert kernel is not None and takes(kernel, dtype), f"our int4 kernel takes no {args.dtype} rows on this build"
     weights = layer_linears(load_model(None, progress=False).weights)
     ours = [Int4Linear(as_linear(w), 1 << 30, kernel, dtype) for w in weights]
@@ -94,13 +94,13 @@ def main() -> None:
         torchs = [Int4Linear(as_linear(w), 1 << 30) for w in weights]
         targets["torch int4"] = (torchs, sum(layer.four_bit_bytes() for layer in torchs))
     else:
-        int8 = [Int8Linear(as_linear(w), load_int8_kernel(args.march)) for w in weights]
+        int8 = [Int8Linear(as_linear(w), load_int8_kernel(args.isa)) for w in weights]
         targets["int8"] = (int8, sum(layer.weight.nbytes + layer.scale.nbytes for layer in int8))
     targets[f"dense {DTYPE_NAMES[dtype]}"] = (dense, sum(w.numel() * dtype.itemsize for w in weights))
     targets = {name: ([layer.op(dtype) for layer in layers], b) for name, (layers, b) in targets.items()}  # as the engine calls them
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                          "python": platform.python_version(), "march": args.march, "isa_limits": isa_limits()},
+                          "python": platform.python_version(), "kernel_isa": args.isa, "isa_limits": isa_limits()},
               "dtype": args.dtype, "bytes": {name: b for name, (_, b) in targets.items()}, "rows": {}}
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
@@ -125,7 +125,7 @@ def table(r: dict, args: str) -> str:
     env = "" if env == "none" else env
     lines = [f"# SmolLM2-135M's 120 layer linears in 4 bits and dense, {r.get('dtype', 'bfloat16')} rows ({r['date']}; "
              f"{machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}, our kernels built for "
-             f"-march={machine.get('march', 'native')})", "",
+             f"kernels {machine.get('kernel_isa', machine.get('march', 'native'))})", "",
              f"`{env + ' ' if env else ''}PYTHONPATH=. .venv/bin/python benchmarks/int4_linear.py {args}`: ms for all "
              "120 (weights from memory), and the GB/s of each one's weight bytes.", "",
              "| rows | " + " | ".join(names) + " | " + " | ".join(f"{n} / ours" for n in names[1:]) + " |",

@@ -1,8 +1,9 @@
-"""How long the C++ kernels take to build: this tree's inferd/kernels/csrc against another revision's, each
-from an empty build directory, with the flags inferd/kernels/build.py uses (torch's cpp_extension, ninja,
-MAX_JOBS = the CPUs), in turn.
+"""How long the C++ kernels take to build: this tree's install build (setup.py, the variants of each --isas set:
+INFERD_KERNEL_ISAS) against another revision's csrc built as that revision did, at run time for -march=native
+(torch's cpp_extension.load), each from an empty build directory (ninja, MAX_JOBS = the CPUs), in turn.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/kernel_build.py --baseline 8359a39 --out benchmarks/results/kernel-build.json
+    PYTHONPATH=. .venv/bin/python benchmarks/kernel_build.py --baseline 79d43a7 --isas host,all \
+        --out benchmarks/results/kernel-build-variants.json
 """
 import argparse
 import json
@@ -15,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from inferd.kernels.build import SOURCES  # noqa: E402
+from inferd.kernels.variants import SOURCES  # noqa: E402
 
 
 def sources_of(rev: str | None, into: Path) -> list[str]:
@@ -43,26 +44,48 @@ def build_seconds(sources: list[str], build_dir: Path, name: str) -> float:
     return time.perf_counter() - started
 
 
+def install_build_seconds(isas: str, work: Path) -> tuple[float, dict[str, int]]:
+    """setup.py's build of the `isas` variants in a copy of this tree's files; the seconds and each module's bytes."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "setup.py", "pyproject.toml",
+                            "inferd/kernels"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in files:
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_bytes((ROOT / name).read_bytes())
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"], cwd=work, check=True,
+                   env={**os.environ, "INFERD_KERNEL_ISAS": isas}, capture_output=True)
+    seconds = time.perf_counter() - started
+    return seconds, {p.name.split(".")[0]: p.stat().st_size for p in (work / "inferd/kernels").glob("_C_*.so")}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--baseline", required=True, help="a git revision with inferd/kernels/csrc")
+    p.add_argument("--isas", default="host,all", help="this tree's variant sets (INFERD_KERNEL_ISAS), comma-separated")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    times: dict[str, list[float]] = {"this tree": [], args.baseline: []}
+    sets = args.isas.split(",")
+    times: dict[str, list[float]] = {**{f"this tree, {isas}": [] for isas in sets}, args.baseline: []}
+    sizes: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for label, rev in (("this tree", None), (args.baseline, args.baseline)):
-                work = Path(tmp) / f"{r}-{label.replace(' ', '_')}"
-                # each in a process of its own: cpp_extension.load imports the module it built
-                code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.kernel_build import *; "
-                        f"print(build_seconds(sources_of({rev!r}, Path({str(work / 'src')!r})), "
-                        f"Path({str(work / 'build')!r}), 'kb_{r}_{abs(hash(label)) % 10**6}'))")
-                out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-                times[label].append(round(float(out.stdout.split()[-1]), 1))
-                print(label, times[label][-1], "s", flush=True)
+            for isas in sets:
+                work = Path(tmp) / f"{r}-{isas}"
+                seconds, sizes[isas] = install_build_seconds(isas, work)
+                times[f"this tree, {isas}"].append(round(seconds, 1))
+                print(isas, times[f"this tree, {isas}"][-1], "s", sorted(sizes[isas]), flush=True)
+            work, rev = Path(tmp) / f"{r}-baseline", args.baseline
+            # in a process of its own: cpp_extension.load imports the module it built
+            code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.kernel_build import *; "
+                    f"print(build_seconds(sources_of({rev!r}, Path({str(work / 'src')!r})), "
+                    f"Path({str(work / 'build')!r}), 'kb_{r}_{abs(hash(rev)) % 10**6}'))")
+            out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+            times[rev].append(round(float(out.stdout.split()[-1]), 1))
+            print(rev, times[rev][-1], "s", flush=True)
     result = {"machine": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": \t"),
-              "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "build_seconds": times}
+              "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "build_seconds": times, "module_bytes": sizes}
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

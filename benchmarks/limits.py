@@ -28,11 +28,11 @@ from inferd.models.packed import PackedLinear
 from inferd.models.quant import Int8Linear, SmallRowsInt8
 
 
-# The settings that run another machine's code here: AVX2 alone on an AVX-512 one is INFERD_KERNEL_MARCH=haswell
+# The settings that run another machine's code here: AVX2 alone on an AVX-512 one is INFERD_KERNEL_ISA=avx2
 # (inferd's C++ kernels), ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN), ATEN_CPU_CAPABILITY=avx2 (torch's own loops) and, on an
 # Intel CPU, MKL_ENABLE_INSTRUCTIONS=AVX2 (MKL, torch's float32 matmul: without it an Emerald Rapids ran it at 438
 # GFLOP/s on AVX-512, with it 226: results/limits-avx2-code-mkl-{unlimited,avx2}-emr.json).
-ISA_LIMITS = ("INFERD_KERNEL_MARCH", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+ISA_LIMITS = ("INFERD_KERNEL_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def isa_limits() -> str:

@@ -16,7 +16,7 @@ An AVX2 machine's code on an AVX-512 one: llama.cpp built for AVX2 alone in a ve
 -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF" pip install --no-cache-dir llama-cpp-python==0.3.36),
 and inferd's kernels, oneDNN, torch and MKL kept to AVX2 (benchmarks/limits.py, ISA_LIMITS):
 
-    INFERD_KERNEL_MARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+    INFERD_KERNEL_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
         PYTHONPATH=. .venv/bin/python benchmarks/llamacpp.py --llama-python AVX2_VENV/bin/python --variants float32/none,float32/int8,float32/int4
 
 On first use it creates benchmarks/.venvs/llama (python3.11 -m venv, then pip install
@@ -191,8 +191,8 @@ def main() -> None:
         sys.exit(f"llama.cpp worker failed:\n{proc.stderr[-3000:]}")
     result["llama.cpp"] = json.loads(proc.stdout)
     if not args.skip_inferd:
-        from inferd.models.cpu import has_native_bf16
-        default = "float32/none,float32/int8" + (",bfloat16/int4" if has_native_bf16() else "")
+        from inferd.kernels.select import native_bf16
+        default = "float32/none,float32/int8" + (",bfloat16/int4" if native_bf16() else "")
         for variant in (args.variants or default).split(","):
             dtype, quantization = variant.split("/")
             result[f"inferd {dtype} {quantization}"] = inferd_results(model, dtype, quantization, batches,

@@ -8,7 +8,7 @@ visible (query, key) pairs. Reported per call: milliseconds, medians of --repeat
 
     PYTHONPATH=. .venv/bin/python benchmarks/prefill_attention.py --out benchmarks/results/prefill-attention-zen4.json
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 PYTHONPATH=. .venv/bin/python benchmarks/prefill_attention.py \
-        --march haswell --dtypes float32 --out benchmarks/results/prefill-attention-avx2-build.json
+        --isa avx2 --dtypes float32 --out benchmarks/results/prefill-attention-avx2-build.json
 
 The second runs the AVX2 build against torch held to AVX2 too, on an AVX-512 machine: the AVX2 fp32 loops were
 0.7-1.1x SDPA (results/prefill-attention-zen4-avx2-build-fp32-loops.json), so AVX2 now takes SDPA.
@@ -58,10 +58,10 @@ def main() -> None:
                     help="queries:context pairs")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--march", default="native", help="the kernels' build, e.g. haswell: the AVX2 loops here")
+    ap.add_argument("--isa", default="native", help="the kernels' variant (inferd.kernels.variants; avx2: the AVX2 loops alone)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    cpp = load_cpp_kernels(args.march)
+    cpp = load_cpp_kernels(args.isa)
     assert cpp is not None, "the C++ kernels do not build here"
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     rows, peaks = [], {}
@@ -85,7 +85,7 @@ def main() -> None:
                 rows.append(row)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                          "cpu_capability": torch.backends.cpu.get_cpu_capability(), "kernels_march": args.march},
+                          "cpu_capability": torch.backends.cpu.get_cpu_capability(), "kernel_isa": args.isa},
               "matmul_peak_gflop_s": peaks, "args": {k: str(v) for k, v in vars(args).items() if k != "out"},
               "rows": rows}
     if args.out:

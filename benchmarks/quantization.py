@@ -4,7 +4,7 @@ kernels: all 121 linears of the model (30 x qkv, o, gate_up, down + lm_head) at 
 against the fp32 oneDNN prepacked path the engine uses, with the output error of each against fp32. bf16
 candidates (dense and int4) take bf16 activations, the others fp32.
 quality: the engine's model fp32 (reference) against int8, int4 (as the engine serves it: the kernel up to
-cpu.int4_max_rows rows and dense bf16 weights above, lm_head int8 up to quant.HEAD_MAX_ROWS rows and bf16 above,
+inferd.kernels.select's INT4 rows and dense bf16 weights above, lm_head int8 up to quant.HEAD_MAX_ROWS rows and bf16 above,
 so the 432-token text runs dense (and the 12 batched prompts too where max_rows is below 12); then the kernels and the int8 lm_head at every M;
 then lm_head 4-bit too) and bf16 (the dtype the issue named, for scale):
 logits on a fixed public-domain text (max abs diff, cosine, top-1 agreement, KL), its perplexity, and

@@ -1,8 +1,10 @@
 """A change without a switch (a kernel's inside) measured as two trees in turn: this checkout against --base.
 
 --base (a git revision) is checked out into a temporary worktree. Each round runs the benchmark command once in
-each tree, the order swapped every round, so the machine's drift hits both alike; each tree builds its C++ kernels
-into a folder of its own (TORCH_EXTENSIONS_DIR), so that turns do not rebuild. The command is run with
+each tree, the order swapped every round, so the machine's drift hits both alike; each tree has its own C++ kernels: a
+revision whose setup.py builds them (inferd/kernels/variants.py) gets this CPU's variants built into its worktree
+first, an older one builds them at its first run into a folder of its own (TORCH_EXTENSIONS_DIR), so that turns do
+not rebuild. The command is run with
 PYTHONPATH at its tree and "{out}" replaced by a JSON file it must write (a path under .venv, which git ignores and
 the worktree lacks, is this checkout's); --metric names the numbers to compare,
 as dotted paths into that JSON. Prints (and with --out writes) every round's figures and the medians' ratio
@@ -62,6 +64,9 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", str(tmp / "base"), base_rev], cwd=ROOT, check=True,
                        capture_output=True)
         try:
+            if (tmp / "base" / "inferd" / "kernels" / "variants.py").exists():
+                subprocess.run([sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"], cwd=tmp / "base",
+                               env={**os.environ, "INFERD_KERNEL_ISAS": "host"}, check=True, capture_output=True)
             trees = {"new": ROOT, "base": tmp / "base"}
             runs = {name: {m: [] for m in args.metric} for name in trees}
             for round_ in range(args.rounds):

@@ -10,18 +10,18 @@ ROOT = Path(__file__).resolve().parents[1] / "inferd"
 ALLOWED = {
     "protocol": set(),
     "models": {"kernels"},
-    "kernels": set(),  # the C++ kernels, their build and their Python face
+    "kernels": set(),  # the C++ kernels, their builds, which one runs, and their Python face
     "router": set(),
     "telemetry": set(),
-    "engine": {"models"},
+    "engine": {"models", "kernels"},
     "gateway": {"protocol", "router", "telemetry"},
     "replica": {"protocol", "engine", "models", "telemetry"},
-    "embeddings": {"protocol", "replica", "models", "telemetry"},  # the replica of the embedding kind
+    "embeddings": {"protocol", "replica", "models", "kernels", "telemetry"},  # the replica of the embedding kind
     "classical": {"protocol", "replica", "models", "telemetry"},  # the replica of the classical (tabular) kind
     "policy": {"protocol", "replica", "models", "telemetry"},  # the robot-policy kind: model, simulator, replica
     "console": {"protocol", "gateway", "telemetry"},  # the operator console: pages over the gateway's state
     "control": {"protocol", "console", "gateway", "replica", "embeddings", "classical", "policy", "router", "models",
-                "engine", "telemetry", "eval"},
+                "kernels", "engine", "telemetry", "eval"},
     "bench": {"models", "eval"},  # prompts of a given length in the model's tokens; the quality set's items
     "eval": set(),  # the quality set and its scoring: it calls the service over HTTP like a user
     "settings": set(),
@@ -119,3 +119,15 @@ def test_no_cpp_inside_a_python_string():
              if isinstance(node, ast.Constant) and isinstance(node.value, str)
              and any(marker in node.value for marker in ("#include <", "torch::Tensor", "PYBIND11_MODULE"))]
     assert not found, f"C++ in a Python string at {found}"
+
+
+def test_only_the_kernels_variants_read_the_cpus_flags():
+    """docs/kernels.md: inferd/kernels/variants.py reads what the CPU reports; everything else asks inferd.kernels.select
+    (which kernel runs) or variants.cpu_flags, so that one cap (INFERD_KERNEL_ISA) holds for every rule."""
+    owner = ROOT / "kernels" / "variants.py"
+    readers = [f"{path.relative_to(ROOT.parent)}" for path in ROOT.rglob("*.py") if path != owner
+               and any(marker in path.read_text() for marker in ("/proc/cpuinfo", "get_cpu_capability", "cpuid"))]
+    assert not readers, f"CPU flags read outside inferd/kernels/variants.py: {readers}"
+    askers = [f"{path.relative_to(ROOT.parent)}" for path in ROOT.rglob("*.py") if path.parent.name != "kernels"
+              and any(name in path.read_text() for name in ("cpu_flags", "host_flags"))]
+    assert not askers, f"the CPU's flags asked outside inferd/kernels/ (ask inferd.kernels.select): {askers}"

@@ -36,7 +36,7 @@ from inferd.control.kinds import source_path
 from inferd.control.replicas import free_port, in_child, terminate
 from inferd.control.spec import EngineChoice
 from inferd.engine.config import EngineConfig
-from inferd.models.cpu import has_native_bf16
+from inferd.kernels.select import native_bf16
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def vllm_command(python: str, model_dir: Path, name: str, settings: EngineConfig
     """vLLM's OpenAI server for model_dir under name, with the deployment's settings as vLLM's flags (its
     module, not `vllm serve`: that CLI looks up the distribution `vllm`, which the CPU wheel is not)."""
     s = settings
-    dtype = s.dtype if s.dtype != "auto" else "bfloat16" if has_native_bf16() else "float32"  # as inferd picks
+    dtype = s.dtype if s.dtype != "auto" else "bfloat16" if native_bf16() else "float32"  # as inferd picks
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name", name,
            "--host", host, "--port", str(port), "--dtype", dtype,
            "--max-num-seqs", str(s.max_num_seqs), "--max-num-batched-tokens", str(s.max_num_batched_tokens),

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from inferd.embeddings.config import EmbeddingConfig
 from inferd.models.bert import BertEncoder, load_weights, pool
 from inferd.models.cores import CoreShare, allowed_cpus
-from inferd.models.cpu import has_native_bf16
+from inferd.kernels.select import native_bf16
 from inferd.models.packed import pack_linears
 from inferd.models.sentence import EmbeddingModelFiles, load_embedding_model
 from inferd.protocol.embeddings import EmbeddingShape, checked_contents, checked_dimensions, content_ids
@@ -29,7 +29,7 @@ def resolve_dtype(name: str) -> torch.dtype:
     """auto: bf16 where the CPU multiplies it natively; measured 2.0-2.3x faster than fp32 for all-MiniLM-L6-v2
     on Zen 4 with AVX-512 BF16 (benchmarks/results/embeddings.md)."""
     if name == "auto":
-        return torch.bfloat16 if has_native_bf16() else torch.float32
+        return torch.bfloat16 if native_bf16() else torch.float32
     return DTYPES[name]
 
 

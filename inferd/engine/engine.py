@@ -15,9 +15,9 @@ from inferd.engine.sampler import Sampler, prompt_logprobs
 from inferd.engine.spec_decode import SpecConfig, Speculator
 from inferd.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from inferd.engine.sequence import Sequence
+from inferd.kernels.select import auto_quantization, int4_rule, native_bf16
 from inferd.models.config import LoadedModel
 from inferd.models.cores import CoreShare, allowed_cpus
-from inferd.models.cpu import auto_quantization, has_native_bf16, int4_max_rows
 from inferd.models.huge_pages import move_weights
 from inferd.models.int4 import int4_available, quantize_int4_linears, takes
 from inferd.models.int4_kernel import load_int4_kernel
@@ -35,21 +35,21 @@ def resolve_dtype(name: str, quantization: str = "none") -> torch.dtype:
     """auto: what the weight format computes in (int4 bf16, int8 fp32), else bf16 where the CPU has it natively."""
     if name == "auto":
         if quantization == "int4":  # float32 rows on our kernel where bf16 is emulated (AVX2)
-            return torch.bfloat16 if has_native_bf16() or load_int4_kernel() is None else torch.float32
+            return torch.bfloat16 if native_bf16() or load_int4_kernel() is None else torch.float32
         if quantization == "int8":
             return torch.float32
-        return torch.bfloat16 if has_native_bf16() else torch.float32
+        return torch.bfloat16 if native_bf16() else torch.float32
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
     return DTYPES[name]
 
 
 def resolve_quantization(name: str, dtype: str) -> str:
-    """auto: the CPU's rule (inferd.models.cpu.auto_quantization), then none where its kernel is missing here."""
+    """auto: the CPU's rule (inferd.kernels.select.auto_quantization), then none where its kernel is missing here."""
     if name != "auto":
         return name
     choice = auto_quantization(dtype)
-    if choice == "int4" and load_int4_kernel() is None and not (has_native_bf16() and dtype in ("auto", "bfloat16")):
+    if choice == "int4" and load_int4_kernel() is None and not (native_bf16() and dtype in ("auto", "bfloat16")):
         choice = "int8"  # int4's float32 rows need our AVX2 loops
     if (choice == "int4" and not int4_available()) or (choice == "int8" and load_int8_kernel() is None):
         return "none"
@@ -123,7 +123,8 @@ class LLMEngine:
             kernel = load_int4_kernel()
             rows = self.dtype if kernel is not None and takes(kernel, self.dtype) else torch.bfloat16
             kernel = kernel if kernel is not None and takes(kernel, rows) else None
-            quantize_int4_linears(net, int4_max_rows(kernel is not None, rows is torch.float32), ("lm_head",), rows, kernel)
+            _, dense_above = int4_rule(str(rows).removeprefix("torch."), kernel is not None)
+            quantize_int4_linears(net, dense_above, ("lm_head",), rows, kernel)
             if (kernel := load_int8_kernel()) is not None:
                 head8 = Int8Linear(net.lm_head, kernel)
         net = net.to(self.dtype).eval()

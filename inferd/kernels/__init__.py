@@ -1,2 +1,2 @@
-"""The CPU kernels: C++ in csrc/ built as one module (build.py), their Python face and torch versions (ops.py).
-Imports nothing else of inferd."""
+"""The CPU kernels: C++ in csrc/, built at install once per x86-64 family (variants.py, setup.py), their Python
+face and torch versions (ops.py). Imports nothing else of inferd."""

@@ -8,15 +8,15 @@ dequantized gives back the file's own q, d and m (llama.cpp's Q4_1 puts each gro
 max at q = 15): the 4-bit model computes on the file's weights, not a second rounding of them.
 
 Our own kernel (inferd.models.int4_kernel) takes the weights instead where it builds, with d and m in fp16 as the
-file has them: bf16 rows on AVX-512 BF16 and VNNI (1.4x torch's kernel at one row, 1.6-2.1x at more, on a Zen 4),
-float32 rows on AVX2, where bf16 is emulated and torch's kernel slow (benchmarks/int4_linear.py); both round their
+file has them: bf16 rows on AVX-512 BF16 and VNNI, float32 rows on AVX2, where bf16 is emulated and torch's kernel
+slow (benchmarks/int4_linear.py); both round their
 inputs to 16 bits a group and multiply the nibbles as integers. Where the CPU has VNNI
 (AMX or not), bf16 rows from `int8_rows` rows on are rounded to int8 a group and multiplied as integers
-(inferd.models.cpu.int4_int8_rows).
+(inferd.kernels.select, INT4).
 
 Either kernel's time grows with the rows, and with bf16 rows from a few rows on a dense bf16 matmul is faster. Each
 layer therefore also keeps the same weights dequantized (oneDNN prepacked) and uses them above `max_rows` rows
-(inferd.models.cpu.int4_max_rows, measured in benchmarks/int4_linear.py and benchmarks/quantization.py); float32
+(inferd.kernels.select, INT4: measured in benchmarks/int4_linear.py and benchmarks/quantization.py); float32
 rows on AVX2 take our kernel at every row count (its int8 inputs outrun a dense float32 product there), and keep no
 dense copy (max_rows None); where oneDNN has AVX-512 FMAs the dense float32 copy serves from 193 rows.
 Measured against bf16, fp32 and int8 in benchmarks/quantization.py and benchmarks/engine.py.
@@ -26,7 +26,7 @@ import logging
 import torch
 from torch import nn
 
-from inferd.models.cpu import int4_int8_rows
+from inferd.kernels.select import int4_rule
 from inferd.models.int4_kernel import pack_panels
 from inferd.models.packed import PackedLinear, can_pack
 
@@ -93,7 +93,8 @@ class Int4Linear(nn.Module):
         assert kernel is not None or max_rows is not None, "torch's int4 kernel serves a few rows, a dense copy more"
         self.kernel = kernel
         # from these rows on (up to max_rows) the kernel's inputs are rounded to int8 (int4_linear_int8); None: never
-        self.int8_rows = int4_int8_rows(dtype is torch.float32) if kernel is not None else None
+        rule = int4_rule(str(dtype).removeprefix("torch."), True) if kernel is not None else None
+        self.int8_rows = rule[0] if rule is not None else None
         bias = None if linear.bias is None else linear.bias.detach()
         if kernel is not None:  # d and m in fp16, as a Q4_1 file has them
             d, m = d.half().float(), m.half().float()

@@ -1,6 +1,6 @@
 """Q4_1 linears: bf16 rows on AVX-512 VNNI and float32 rows on AVX2 (the weights multiplied as integers by inputs
 rounded to 16 bits a group), and either rounded to int8 (bf16 rows on AVX-512 VNNI, float32 rows on AVX2). One
-layout for all.
+layout for all; the loops are inferd/kernels/csrc/int4.cpp, their measurements docs/kernels.md.
 
 Layout (`pack_panels`): panels of 16 output channels; in each, groups of 32 weights along K as 256 bytes of
 nibbles, ordered so that one 32-byte load widened to 16 bits holds two dot-product operands (a lane of two words
@@ -11,53 +11,38 @@ y = sum_g d_g (q . x)_g + m_g (sum of x)_g.
 
 bf16 rows (AVX-512 BF16 and VNNI): the float32 rows' arithmetic below on 512-bit registers, vpdpwssd adding a
 lane's two products of nibble and 16-bit input to it: the file's weights times the inputs rounded to 16 bits a
-group, exactly up to float32 sums (the bf16 nearest that sum on all but 1 in 36,000 outputs of a scratch count). Until 2026-12-05
-the nibbles were widened to bf16 by a table lookup (vpermw) and multiplied by the bf16 inputs on vdpbf16ps, exact
-against the unrounded inputs: 12 instructions for 128 weights at one row against 9, and from the caches 25-28 GB/s
-a core against 29-34 on a Zen 4 (benchmarks/results/int16-inputs-ab-int4-zen4.json). Several accumulators per row
-keep the products' latency hidden. Up to 8 rows share each widened weight; more rows run in tiles of at most 8,
-as even as possible, over the same panel (it stays in L1/L2).
+group, exactly up to float32 sums. Several accumulators per row keep the products' latency hidden. Up to 8 rows
+share each widened weight; more rows run in tiles of at most 8, as even as possible, over the same panel.
 
 float32 rows (AVX2, where bf16 is emulated and slow): each group of 32 inputs is rounded to 16-bit integers on its
 own scale (its largest |x| to 32767: an input moves by at most 1/65534 of that, where rounding it to bf16 moves it
 by up to 1/512 of itself), and vpmaddwd multiplies them by the nibbles widened to 16 bits, two products a lane summed
-exactly in 32 bits: no nibble is converted to float (converting each, the loops ran at half the speed: an and, a
-conversion and an FMA for 8 products). Up to 4 rows share each widened weight. Measured in AVX2 code on the Zen 4
-(benchmarks/int4_linear.py --dtype float32 --march haswell): the 120 linears at one row 1.2x as fast as our int8
-kernel, 5.5x oneDNN's float32 product; slower than int8 from 3 rows, even with oneDNN at 32.
+exactly in 32 bits: no nibble is converted to float. Up to 4 rows share each widened weight.
 
-int8 inputs (`int4_linear_int8`; inferd.models.cpu.int4_int8_rows says from how many rows): each row rounded to int8
-a group of 32 on its own scale (llama.cpp multiplies Q4_1 by Q8_1 so). bf16 rows (AVX-512 VNNI and BF16): vpdpbusd
-adds four products of nibble and int8 input a lane, exactly in 32 bits: no nibble is widened. One word permute puts 64
+int8 inputs (`int4_linear_int8`; inferd.kernels.select says from how many rows): each row rounded to int8 a group
+of 32 on its own scale (llama.cpp multiplies Q4_1 by Q8_1 so). bf16 rows (AVX-512 VNNI and BF16): vpdpbusd adds
+four products of nibble and int8 input a lane, exactly in 32 bits: no nibble is widened. One word permute puts 64
 bytes of the layout above in lane order (lane j: output j's nibbles at four inputs in a row). The m term takes the
-rounded inputs' sum, so that their rounding errors meet the weights d q + m, centred on 0 (on the exact sum, the
-error was 3x larger). On the Zen 4: 1.04-1.07x the bf16 rows' speed at 1-3 rows, 1.12x at 4, 1.39x at 64, with 3x
-their error against the file's weights (0.54 % against 0.17 %, benchmarks/int4_int8_inputs.py). float32 rows (AVX2):
+rounded inputs' sum, so that their rounding errors meet the weights d q + m, centred on 0. float32 rows (AVX2):
 each panel spread once to bytes (the nibbles of a chunk's two halves interleaved a word at a time), vpmaddubsw
 multiplies 32 nibbles by 32 int8 inputs into 16 words, a group's 8 chunks add up in 16 bits (at most 30,480) and
-vpmaddwd widens them: in AVX2 code on an Emerald Rapids 1.16x the 16-bit rows' speed at 4 rows, 1.56-1.86x at
-16-64, 0.5 % error against their 0.01 %; 1.46x oneDNN's dense float32 product at 1,024 rows, so on AVX2 these rows
-take no dense copy (benchmarks/results/int4-int8-inputs-avx2-code-emr.md, int4-linear-fp32-avx2-code-emr.md).
+vpmaddwd widens them.
 
 Panels are split across the threads.
 """
-import os
 
 import torch
 
-from inferd.kernels.build import load
-from inferd.models.cpu import cpu_flags
+from inferd.kernels.variants import load
 
 GROUP = 32  # weights per (d, m) pair along K, as in Q4_1
 PANEL = 16  # output channels per panel: one AVX-512 register of float32
 
-def load_int4_kernel(march: str = "native"):
-    """The compiled kernels (inferd.kernels) where this CPU has AVX2 and FMA and they build, else None (torch's int4
-    kernel serves bf16 rows). Their bf16 rows need AVX-512 BF16 (`int4_linear_bf16_native()`). `march` other than
-    this CPU's own is for tests and benchmarks: "haswell" builds the AVX2 loops alone on an AVX-512 machine."""
-    if os.environ.get("INFERD_NO_CPP_KERNELS") or not {"avx2", "fma"} <= cpu_flags():
-        return None
-    module = load(march)
+def load_int4_kernel(isa: str = "native"):
+    """The compiled kernels (inferd.kernels) where there are some here (AVX2 and up), else None (torch's int4
+    kernel serves bf16 rows). Their bf16 rows need AVX-512 BF16 (`int4_linear_bf16_native()`). `isa` other than
+    this CPU's best variant is for tests and benchmarks: "avx2" runs the AVX2 loops alone on an AVX-512 machine."""
+    module = load(isa)
     return module if module is not None and module.int4_linear_fp32_native() else None
 
 

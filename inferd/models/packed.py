@@ -9,24 +9,21 @@ import logging
 import torch
 from torch import nn
 
+from inferd.kernels.select import plan
+
 
 log = logging.getLogger(__name__)
 
 EMPTY = torch.empty(0)
 
 PACK_FOR_BATCH = 32  # the packing oneDNN picks for this M serves all M measured (1..1024)
-AMX_MAX_ROWS = 64  # cpu_kernels' amx_linear's decode rows: up to this many, every linear
-AMX_MANY_ROWS_MAX_OUT = 1024  # above, a prefill's rows: linears of at most this many outputs (below)
+AMX_MAX_ROWS = 64  # the most rows amx_gated and amx_linear_f32 take (and the decode loop's plans)
 
 
 class PackedLinear(nn.Module):
-    """one_row: the C++ ops (inferd.models.cpu_kernels) to run a single bf16 row on, from a second copy of the
-    weights in pairs along K (`pair_weights`), or None: every batch on oneDNN. Where those ops multiply on AMX
-    tiles (`amx_linear_native`), 2-64 bf16 rows run there too, from the same copy (K a multiple of 32), and so do
-    more rows (a prefill's) where the linear has at most AMX_MANY_ROWS_MAX_OUT outputs: on an Emerald Rapids,
-    each shape alone, oneDNN's prepacked product ran SmolLM2's 576-output linears (o_proj, down_proj) at 1,290-1,530
-    GFLOP/s at 384-512 rows, amx_linear at 2,100-2,630; its 3,072-output gate_up at 2,820-3,070 from 256 rows against
-    amx_linear's 2,240-2,390; the 960-output qkv is about even (benchmarks/results/amx-linear-shapes-emr.md)."""
+    """one_row: the C++ ops (inferd.models.cpu_kernels) to run bf16 rows on where inferd.kernels.select's plan
+    says (a single row; on AMX tiles more, K a multiple of 32), from a second copy of the weights in pairs along K
+    (`pair_weights`), or None: every batch on oneDNN."""
 
     def __init__(self, linear: nn.Linear, one_row=None):
         super().__init__()
@@ -39,7 +36,7 @@ class PackedLinear(nn.Module):
             self.row_bias = torch.empty(0) if linear.bias is None else torch.zeros(self.pairs.shape[0] * 16)
             if linear.bias is not None:
                 self.row_bias[:self.out_features] = linear.bias.detach()
-        self.amx = one_row is not None and self.in_features % 32 == 0 and one_row.amx_linear_native()
+        self.amx = one_row is not None and self.in_features % 32 == 0 and one_row.amx_linear_native()  # the OS lets it
 
     def _row_kernel(self, rows: int, dtype: torch.dtype, kind: str = "linear") -> str | None:
         """The C++ op (by name) that serves `rows` rows of `dtype` from the pairs, or None: oneDNN. kind "gated": the
@@ -50,11 +47,10 @@ class PackedLinear(nn.Module):
             return None
         if (kind != "linear" and rows > AMX_MAX_ROWS) or (kind == "gated" and self.out_features % 32):
             return None
-        if rows == 1:
-            return f"one_row_{kind}"
-        if rows > AMX_MAX_ROWS and self.out_features > AMX_MANY_ROWS_MAX_OUT:
-            return None
-        return f"amx_{kind}" if self.amx else None
+        kernel = plan("bfloat16", "none", rows, self.out_features).linear
+        if kernel == "one_row" or (kernel == "amx" and self.amx):
+            return f"{kernel}_{kind}"
+        return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.op(x.dtype)(x.reshape(-1, self.in_features).contiguous())
@@ -143,14 +139,11 @@ def pair_weights(w: torch.Tensor) -> torch.Tensor:
 
 
 def one_row_ops(kernels, dtype: torch.dtype):
-    """The C++ ops where a single bf16 row is faster on them than on oneDNN (their build has AVX-512 BF16), else None.
-
-    Decoding one sequence reads every weight once a step: oneDNN's prepacked bf16 product reads SmolLM2's 121
-    linears at one row at 18-19 GB/s on a 2-core Sapphire Rapids, the C++ loop at 21-22 (benchmarks/linears.py),
-    for a second copy of the bf16 weights (EngineConfig.one_row_weights)."""
+    """The C++ ops where inferd.kernels.select runs a single bf16 row on them, not on oneDNN (for a second copy of
+    the bf16 weights: EngineConfig.one_row_weights), else None."""
     if dtype is not torch.bfloat16 or not hasattr(kernels, "one_row_linear_native"):
         return None
-    return kernels if kernels.one_row_linear_native() else None
+    return kernels if plan("bfloat16", "none", 1).linear == "one_row" and kernels.one_row_linear_native() else None
 
 
 def can_pack(dtype: torch.dtype) -> bool:

@@ -1,26 +1,22 @@
 """Weight-only int8 linears: per-output-channel symmetric scales, fp32 activations.
 
-Decode is memory-bound on the weights (SmolLM2-135M reads 537 MB of fp32 per
-step); int8 reads a quarter of that. The kernel (C++, AVX2 FMA, built on first
-use like the paged attention kernel) keeps the weights as int8 panels of 16
-output channels, [N/16, K, 16], and widens them to fp32 in registers for up
-to 12 rows (decode batches), or one panel at a time into an L2-sized fp32
-buffer that all rows then reuse (prefill). One row (decode of one sequence, and
-the int4 model's lm_head) runs on AVX-512 where the CPU has it: a panel is one
-register there.
-Activations stay fp32, so the only error is the weights' rounding, except at 1-3 rows on AVX-512 VNNI: there
-each row is rounded to 16-bit integers a group of 32 (at most 1/65534 of the group's largest |x|) and the products
-are summed as integers on vpdpwssd, 1.45x the float loop's speed from the caches. Where the
-kernel cannot be built, torch's `_weight_int8pack_mm` on the same int8 values
-serves. Measured against the alternatives in benchmarks/quantization.py.
+Decode is memory-bound on the weights; int8 reads a quarter of fp32's bytes. The kernel (inferd/kernels/csrc/
+int8.cpp, AVX2 FMA) keeps the weights as int8 panels of 16 output channels, [N/16, K, 16], and widens them to fp32
+in registers for up to FUSED_MAX_M rows (decode batches), or one panel at a time into an L2-sized fp32 buffer that
+all rows then reuse (prefill). One row (decode of one sequence, and the int4 model's lm_head) runs on AVX-512
+where the CPU has it: a panel is one register there. Activations stay fp32, so the only error is the weights'
+rounding, except at 1-3 rows on AVX-512 VNNI: there each row is rounded to 16-bit integers a group of 32 (at most
+1/65534 of the group's largest |x|) and the products are summed as integers on vpdpwssd. Where there is no kernel,
+torch's `_weight_int8pack_mm` on the same int8 values serves. Measured against the alternatives in
+benchmarks/quantization.py.
 """
 import logging
-import os
 
 import torch
 from torch import nn
 
-from inferd.kernels.build import load
+from inferd.kernels.select import INT8_HEAD_MAX_ROWS
+from inferd.kernels.variants import load
 from inferd.models.packed import linear_op
 
 log = logging.getLogger(__name__)
@@ -28,12 +24,11 @@ log = logging.getLogger(__name__)
 PANEL = 16  # output channels per panel: two AVX2 registers
 FUSED_MAX_M = 12  # up to this many rows widen the int8 weights in registers; more widen each panel once to fp32
 
-def load_int8_kernel(march: str = "native"):
-    """The compiled kernels (inferd.kernels), or None where they cannot be built here (no compiler, no AVX2). `march`
-    other than this CPU's own is for tests and benchmarks: "haswell" builds the AVX2 loops on an AVX-512 machine."""
-    if os.environ.get("INFERD_NO_CPP_KERNELS") or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
-        return None
-    return load(march)
+def load_int8_kernel(isa: str = "native"):
+    """The compiled kernels (inferd.kernels), or None where there are none here (below AVX2, or not built). `isa`
+    other than this CPU's best variant is for tests and benchmarks: "avx2" runs the AVX2 loops on an AVX-512
+    machine."""
+    return load(isa)
 
 
 # ---- weights
@@ -102,9 +97,7 @@ def quantize_linears(model: nn.Module, kernel=None) -> int:
     return count
 
 
-# up to this many rows the int8 kernel beats oneDNN's prepacked bf16 product on SmolLM2's lm_head (49,152 x 576)
-# on an AVX-512 BF16 EPYC: 1.0 vs 2.7 ms at one row, 1.3 vs 2.3 at three, even at four (results/cpu-kernels.json)
-HEAD_MAX_ROWS = 3
+HEAD_MAX_ROWS = INT8_HEAD_MAX_ROWS
 
 
 class SmallRowsInt8(nn.Module):

@@ -42,9 +42,9 @@ def test_batched_embeddings_equal_sentence_transformers(dtype, least):
 
 def test_auto_picks_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatch):
     import inferd.embeddings.runtime as rt
-    monkeypatch.setattr(rt, "has_native_bf16", lambda: False)
+    monkeypatch.setattr(rt, "native_bf16", lambda: False)
     assert rt.resolve_dtype("auto") == torch.float32
-    monkeypatch.setattr(rt, "has_native_bf16", lambda: True)
+    monkeypatch.setattr(rt, "native_bf16", lambda: True)
     assert rt.resolve_dtype("auto") == torch.bfloat16 and rt.resolve_dtype("float32") == torch.float32
 
 

@@ -9,7 +9,7 @@ from inferd.models.cpu_kernels import TorchKernels, kernels_for, load_cpp_kernel
 from inferd.models.packed import PackedLinear, one_row_ops
 
 cpp = load_cpp_kernels()
-pytestmark = pytest.mark.skipif(cpp is None, reason="no C++ toolchain here")
+pytestmark = pytest.mark.skipif(cpp is None, reason="no C++ kernels built for this CPU")
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -34,7 +34,7 @@ def test_norms_match_torch(dtype, rows, n):
     torch.testing.assert_close(ours, theirs, atol=0, rtol=0)  # the residual stream rounds as a torch add
 
 
-AVX2_TOO = ["native", pytest.param("haswell", marks=pytest.mark.skipif(
+AVX2_TOO = ["native", pytest.param("avx2", marks=pytest.mark.skipif(
     cpp is None or "avx512f" not in open("/proc/cpuinfo").read(),
     reason="the AVX2 build is tested where the native one is AVX-512"))]
 
@@ -205,7 +205,7 @@ def test_prefill_attention_with_blocks_of_16_and_a_moving_max_matches_torch(hd, 
                     reason="the AVX2 build is tested where the native one is AVX-512")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_paged_decode_avx2_loops_match_torch(dtype):
-    avx2 = load_cpp_kernels("haswell")
+    avx2 = load_cpp_kernels("avx2")
     for heads, kv_heads, hd in [(9, 3, 64), (10, 2, 128), (4, 4, 8)]:
         args = paged_decode_case(dtype, heads, kv_heads, hd)
         torch.testing.assert_close(avx2.paged_decode(*args), TorchKernels.paged_decode(*args), **tol(dtype))
@@ -238,7 +238,7 @@ def test_prefill_attention_matches_torch(dtype, heads, kv_heads, hd, n, ctx):
                     reason="the AVX2 build is tested where the native one is AVX-512")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_attention_in_the_avx2_build_matches_torch(dtype):  # SDPA there, the build's fallback
-    avx2 = load_cpp_kernels("haswell")
+    avx2 = load_cpp_kernels("avx2")
     for case in [(9, 3, 64, 37, 37), (9, 3, 64, 20, 150), (10, 2, 128, 48, 129), (4, 4, 8, 3, 9)]:
         q, k_cache, v_cache, *rest = prefill_case(dtype, *case)
         expected = TorchKernels.prefill_attention(q.float(), k_cache.float(), v_cache.float(), *rest)
@@ -299,7 +299,7 @@ def test_amx_linear_matches_torch_at_any_rows(out_features, in_features, bias):
 
 
 @needs_amx
-def test_a_prefills_rows_of_a_wide_linear_stay_on_onednn():  # AMX_MANY_ROWS_MAX_OUT: faster there
+def test_a_prefills_rows_of_a_wide_linear_stay_on_onednn():  # inferd.kernels.select.DENSE_BF16: faster there
     linear, layer = row_layer(1040, 64, True)
     assert layer.kernel_call(64, torch.bfloat16) is not None and layer.kernel_call(65, torch.bfloat16) is None
     assert_rows_match_torch(linear, layer, (64, 65, 100))

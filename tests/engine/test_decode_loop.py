@@ -12,7 +12,7 @@ from tests.engine.test_engine import greedy, make_engine, prompts, run
 loop = load_decode_loop()
 int4 = load_int4_kernel()
 cpp = load_cpp_kernels()
-pytestmark = pytest.mark.skipif(loop is None or cpp is None, reason="no C++ toolchain here")
+pytestmark = pytest.mark.skipif(loop is None or cpp is None, reason="no C++ kernels built for this CPU")
 
 
 def formats():

@@ -12,7 +12,7 @@ from torch import nn
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine, resolve_dtype, resolve_quantization
 from inferd.engine.request import SamplingParams
-from inferd.models.cpu import auto_quantization, has_native_bf16
+from inferd.kernels.select import auto_quantization, int4_rule, native_bf16
 from inferd.models.quant import SmallRowsInt8, load_int8_kernel
 from inferd.models.int4 import GROUP, Int4Linear, dequantize_q4_1, int4_available, quantize_q4_1, takes
 from inferd.models.int4_kernel import load_int4_kernel, pack_panels
@@ -72,19 +72,19 @@ def test_packaged_model_linears_are_its_own_q4_1_blocks():
     torch.testing.assert_close(d2, d, rtol=1e-5, atol=0)
 
 
-def takes_rows(dtype: torch.dtype, march: str = "native") -> bool:
-    kernel = load_int4_kernel(march)
+def takes_rows(dtype: torch.dtype, isa: str = "native") -> bool:
+    kernel = load_int4_kernel(isa)
     return kernel is not None and takes(kernel, dtype)
 
 
-def our(dtype: torch.dtype, march: str = "native"):
+def our(dtype: torch.dtype, isa: str = "native"):
     """(kernel build, rows' dtype) as a test parameter, skipped where that build takes no such rows."""
-    reason = "no AVX-512 BF16 here" if dtype is torch.bfloat16 else "no C++ toolchain or no AVX2 here"
-    return pytest.param((march, dtype), id=f"ours-{march}-{dtype}".replace("torch.", ""),
-                        marks=pytest.mark.skipif(not takes_rows(dtype, march), reason=reason))
+    reason = "no AVX-512 BF16 here" if dtype is torch.bfloat16 else "no C++ kernels or no AVX2 here"
+    return pytest.param((isa, dtype), id=f"ours-{isa}-{dtype}".replace("torch.", ""),
+                        marks=pytest.mark.skipif(not takes_rows(dtype, isa), reason=reason))
 
 
-OURS = [our(torch.bfloat16), our(torch.float32), our(torch.float32, "haswell")]  # haswell: the AVX2 loops alone
+OURS = [our(torch.bfloat16), our(torch.float32), our(torch.float32, "avx2")]  # the AVX2 loops alone
 TORCH = pytest.param((None, torch.bfloat16), id="torch")
 
 
@@ -93,15 +93,15 @@ TORCH = pytest.param((None, torch.bfloat16), id="torch")
 @pytest.mark.parametrize("out_features,in_features,bias", [(48, 64, False), (37, 96, True), (5, 32, False),
                                                            (16, 32, True)])
 def test_int4_linear_matches_dequantized_reference(kernel, rows, out_features, in_features, bias):
-    march, dtype = kernel
+    isa, dtype = kernel
     torch.manual_seed(rows * out_features)
     linear = nn.Linear(in_features, out_features, bias=bias)
-    layer = Int4Linear(linear, max_rows=8, kernel=march and load_int4_kernel(march), dtype=dtype)
+    layer = Int4Linear(linear, max_rows=8, kernel=isa and load_int4_kernel(isa), dtype=dtype)
     int8 = getattr(layer.kernel_at(rows), "__name__", None) == "int4_linear_int8"
     low = 1e-2 if dtype is torch.bfloat16 or int8 else 2e-4  # float32 rows: 16-bit inputs
-    assert (layer.kernel is None) == (march is None)
+    assert (layer.kernel is None) == (isa is None)
     ref_weight = dequantize_q4_1(*quantize_q4_1(linear.weight))
-    if march is not None:  # ours: d and m in fp16, as a Q4_1 file keeps them
+    if isa is not None:  # ours: d and m in fp16, as a Q4_1 file keeps them
         q, d, m = quantize_q4_1(linear.weight)
         ref_weight = dequantize_q4_1(q, d.half().float(), m.half().float())
     x = torch.randn(rows, in_features).to(dtype)
@@ -121,8 +121,8 @@ def test_int4_linear_matches_dequantized_reference(kernel, rows, out_features, i
 @pytest.mark.parametrize("kernel", OURS)
 def test_our_kernel_takes_no_rows(kernel):
     """A step whose rows sample none calls lm_head on none; the layers' linears must take it too."""
-    march, dtype = kernel
-    k = load_int4_kernel(march)
+    isa, dtype = kernel
+    k = load_int4_kernel(isa)
     layer = Int4Linear(nn.Linear(64, 40), max_rows=8, kernel=k, dtype=dtype)
     x, args = torch.empty(0, 64, dtype=dtype), (layer.nibbles, layer.dm, layer.row_bias, 40)
     assert k.int4_linear(x, *args).shape == (0, 40)
@@ -146,7 +146,7 @@ def test_our_kernel_on_q4_1_file_values_is_float32_accurate(kernel, rows, n, k):
     """Q4_1 weights as a file has them (fp16 d and m): our kernel multiplies them exactly by the inputs rounded to
     16 bits a group (the m term by their exact sum), so it is off by its float32 sums, that rounding and, bf16 rows,
     the bf16 rounding of its output."""
-    march, dtype = kernel
+    isa, dtype = kernel
     w, q, d, m = q4_1_file_values(n, k, seed=rows + n)
     nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
     g = torch.Generator().manual_seed(rows * 1000 + n)
@@ -154,7 +154,7 @@ def test_our_kernel_on_q4_1_file_values_is_float32_accurate(kernel, rows, n, k):
     x = torch.randn(rows, k, generator=g).to(dtype)
     x[0, :GROUP] = 0  # a group's step is 0
     ref = x.double() @ w.double().t() + bias[:n].double()
-    out = load_int4_kernel(march).int4_linear(x, nibbles, dm, bias, n)
+    out = load_int4_kernel(isa).int4_linear(x, nibbles, dm, bias, n)
     assert out.shape == (rows, n) and out.dtype == dtype
     exact_for_rounded = rounded_to(x, 32767) @ (w.double() - m.double().repeat_interleave(GROUP, 1)).t() + (
         x.double().view(rows, -1, GROUP).sum(-1) @ m.double().t()) + bias[:n].double()
@@ -196,7 +196,7 @@ def test_int8_inputs_are_exact_for_the_rounded_inputs(rows, n, k):
 def test_a_layer_rounds_its_inputs_to_int8_from_int8_rows_up_to_max_rows():
     kernel = load_int4_kernel()
     layer = Int4Linear(nn.Linear(64, 40), max_rows=12, kernel=kernel, dtype=torch.bfloat16)
-    assert layer.int8_rows == 4  # inferd.models.cpu.int4_int8_rows on a CPU with AVX-512 VNNI and BF16
+    assert layer.int8_rows == 4  # inferd.kernels.select's INT4 on a CPU with AVX-512 VNNI and BF16
     op, args = layer.op(torch.bfloat16), (layer.nibbles, layer.dm, layer.row_bias, 40)
     for rows, path in [(3, kernel.int4_linear), (4, kernel.int4_linear_int8), (12, kernel.int4_linear_int8),
                        (13, layer.dense)]:
@@ -204,10 +204,10 @@ def test_a_layer_rounds_its_inputs_to_int8_from_int8_rows_up_to_max_rows():
         assert torch.equal(op(x), path(x) if path is layer.dense else path(x, *args)), rows
     with pytest.raises(RuntimeError, match="bf16 or float32"):
         kernel.int4_linear_int8(torch.randn(1, 64).half(), *args)
-    haswell = load_int4_kernel("haswell")
-    assert not haswell.int4_linear_bf16_native()
+    avx2 = load_int4_kernel("avx2")
+    assert not avx2.int4_linear_bf16_native()
     with pytest.raises(RuntimeError, match="VNNI"):
-        haswell.int4_linear_int8(torch.randn(1, 64).bfloat16(), *args)
+        avx2.int4_linear_int8(torch.randn(1, 64).bfloat16(), *args)
 
 
 @pytest.mark.parametrize("kernel", OURS[1:])
@@ -247,15 +247,14 @@ def test_float32_int8_inputs_at_their_largest_products_do_not_overflow(kernel):
     torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=1e-4)
 
 
-@pytest.mark.skipif(not takes_rows(torch.float32, "haswell"), reason="no C++ toolchain or no AVX2 here")
+@pytest.mark.skipif(not takes_rows(torch.float32, "avx2"), reason="no C++ kernels or no AVX2 here")
 def test_a_float32_layer_takes_the_kernel_at_every_row_count_int8_inputs_from_4_rows(monkeypatch):
     """float32 rows on AVX2: 16-bit inputs below 4 rows, int8 ones from 4, at every row count (a prompt of 1,024
-    too: inferd.models.cpu.int4_max_rows is None there), and no dense copy of the weights kept."""
-    from inferd.models import cpu
-    monkeypatch.setenv("INFERD_KERNEL_MARCH", "haswell")
-    assert cpu.int4_int8_rows(True) == 4 and cpu.int4_max_rows(True, True) is None
-    kernel = load_int4_kernel("haswell")
-    layer = Int4Linear(nn.Linear(64, 40), max_rows=cpu.int4_max_rows(True, True), kernel=kernel, dtype=torch.float32)
+    too: inferd.kernels.select's INT4 has no dense rows there), and no dense copy of the weights kept."""
+    monkeypatch.setenv("INFERD_KERNEL_ISA", "avx2")
+    assert int4_rule("float32", True) == (4, None)
+    kernel = load_int4_kernel("avx2")
+    layer = Int4Linear(nn.Linear(64, 40), max_rows=None, kernel=kernel, dtype=torch.float32)
     assert layer.dense is None and layer.int8_rows == 4
     op, args = layer.op(torch.float32), (layer.nibbles, layer.dm, layer.row_bias, 40)
     for rows, path in [(1, kernel.int4_linear), (3, kernel.int4_linear), (4, kernel.int4_linear_int8),
@@ -284,7 +283,7 @@ def test_float32_rows_with_zero_tiny_and_huge_groups(kernel, fn):
             assert (out[r].double() - ref[r]).norm() <= 0.02 * ref[r].norm()
 
 
-@pytest.mark.skipif(not takes_rows(torch.float32, "haswell"), reason="no C++ toolchain or no AVX2 here")
+@pytest.mark.skipif(not takes_rows(torch.float32, "avx2"), reason="no C++ kernels or no AVX2 here")
 def test_our_kernel_refuses_what_it_cannot_take():
     _, q, d, m = q4_1_file_values(16, 64)
     nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
@@ -296,16 +295,16 @@ def test_our_kernel_refuses_what_it_cannot_take():
     with pytest.raises(RuntimeError, match="on N"):
         kernel.int4_linear(torch.randn(1, 64), nibbles, dm, torch.empty(0), 17)
     with pytest.raises(RuntimeError, match="AVX-512 BF16"):  # the AVX2 build has no bf16 rows
-        load_int4_kernel("haswell").int4_linear(torch.randn(1, 64).bfloat16(), nibbles, dm, torch.empty(0), 16)
+        load_int4_kernel("avx2").int4_linear(torch.randn(1, 64).bfloat16(), nibbles, dm, torch.empty(0), 16)
 
 
-@pytest.mark.skipif(not takes_rows(torch.float32, "haswell"), reason="no C++ toolchain or no AVX2 here")
+@pytest.mark.skipif(not takes_rows(torch.float32, "avx2"), reason="no C++ kernels or no AVX2 here")
 def test_our_kernel_lets_other_python_threads_run():
     """The C++ kernels release the GIL while they run (inferd/kernels/csrc/bindings.cpp), as torch's ops do: a replica's
     event loop goes on while the engine's step is in a kernel."""
     _, q, d, m = q4_1_file_values(2048, 4096)
     nibbles, dm = pack_panels(q.to(torch.uint8), d, m)
-    kernel, x = load_int4_kernel("haswell"), torch.randn(2048, 4096)
+    kernel, x = load_int4_kernel("avx2"), torch.randn(2048, 4096)
     done, ticks = threading.Event(), []
     worker = threading.Thread(target=lambda: (kernel.int4_linear(x, nibbles, dm, torch.empty(0), 2048), done.set()))
     start = time.perf_counter()
@@ -320,10 +319,10 @@ def test_our_kernel_lets_other_python_threads_run():
 
 @pytest.mark.parametrize("kernel", [*OURS, TORCH])
 def test_kernel_and_dense_paths_agree(kernel):
-    march, dtype = kernel
+    isa, dtype = kernel
     linear = nn.Linear(64, 48, bias=False)
-    kernel_only = Int4Linear(linear, max_rows=1000, kernel=march and load_int4_kernel(march), dtype=dtype)
-    dense_only = Int4Linear(linear, max_rows=0, kernel=march and load_int4_kernel(march), dtype=dtype)
+    kernel_only = Int4Linear(linear, max_rows=1000, kernel=isa and load_int4_kernel(isa), dtype=dtype)
+    dense_only = Int4Linear(linear, max_rows=0, kernel=isa and load_int4_kernel(isa), dtype=dtype)
     x = torch.randn(4, 64).to(dtype)
     torch.testing.assert_close(kernel_only(x).float(), dense_only(x).float(), atol=3e-2, rtol=2e-2)
 
@@ -348,7 +347,7 @@ def test_int4_engine_runs_and_agrees_with_fp32(dtype):
     assert sum(outputs[0][r][0] == outputs[1][r][0] for r in prompts) >= 8
 
 
-@pytest.mark.skipif(load_int8_kernel() is None, reason="no C++ toolchain or no AVX2 here")
+@pytest.mark.skipif(load_int8_kernel() is None, reason="no C++ kernels or no AVX2 here")
 def test_int4_engine_head_is_int8_for_one_sequence_and_agrees_with_its_dense_copy():
     model = tiny_loaded_model()
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -364,21 +363,21 @@ def test_int4_engine_head_is_int8_for_one_sequence_and_agrees_with_its_dense_cop
 
 
 def test_auto_dtype_follows_the_weight_format():
-    int4_rows = torch.bfloat16 if has_native_bf16() or load_int4_kernel() is None else torch.float32
+    int4_rows = torch.bfloat16 if native_bf16() or load_int4_kernel() is None else torch.float32
     assert resolve_dtype("auto", "int4") == int4_rows and resolve_dtype("auto", "int8") == torch.float32
 
 
 def test_auto_picks_by_cpu_and_dtype():
-    native = has_native_bf16()
+    native = native_bf16()
     assert auto_quantization("float32") == "int4" and auto_quantization("float16") == "none"
     assert auto_quantization("auto") == "int4" and auto_quantization("bfloat16") == ("int4" if native else "none")
     assert resolve_quantization("int8", "auto") == "int8"
     assert resolve_quantization("auto", "auto") in ("int4", "int8", "none")
 
 
-@pytest.mark.skipif(not takes_rows(torch.float32, "haswell"), reason="no C++ toolchain or no AVX2 here")
+@pytest.mark.skipif(not takes_rows(torch.float32, "avx2"), reason="no C++ kernels or no AVX2 here")
 def test_float32_int4_engine_on_avx2_says_its_kernel_serves_every_row_count(caplog, monkeypatch):
-    monkeypatch.setenv("INFERD_KERNEL_MARCH", "haswell")  # the rules and kernels as on an AVX2 machine
+    monkeypatch.setenv("INFERD_KERNEL_ISA", "avx2")  # the rules and kernels as on an AVX2 machine
     caplog.set_level(logging.INFO, logger="inferd.models.int4")
     e = LLMEngine(tiny_loaded_model(), EngineConfig(num_kv_blocks=64, block_size=4, dtype="float32",
                                                     quantization="int4"))

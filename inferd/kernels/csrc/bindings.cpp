@@ -1,6 +1,7 @@
 // The module's Python functions: every one releases the GIL while it runs, as torch's own ops do (a replica's event
 // loop runs Python between the engine's ops, and a kernel that held the GIL would stop it for the kernel's length).
-#include <torch/extension.h>
+#include <torch/csrc/Exceptions.h>  // torch::wrap_pybind_function_no_gil
+#include <torch/csrc/utils/pybind.h>  // pybind11 and its casters for Tensor, not all of torch/extension.h
 #include "kernels.h"
 
 #define DEF(f) m.def(#f, torch::wrap_pybind_function_no_gil(f), #f)

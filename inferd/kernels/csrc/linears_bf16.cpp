@@ -66,7 +66,7 @@ static at::Tensor one_row(const at::Tensor& x, const at::Tensor& w, const at::Te
   TORCH_CHECK(one_row_linear_native(), "one_row_linear needs a build with AVX-512 BF16");
   TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "x must be one contiguous bfloat16 row");
-  const int64_t U = check_pairs(x, w, bias, gated), K = x.size(1);
+  const int64_t U = check_pairs(x, w, bias, gated), K [[maybe_unused]] = x.size(1);
   auto y = at::empty({1, U * 16}, x.options().dtype(f32 ? at::kFloat : at::kBFloat16));
 #if defined(__AVX512BF16__)
   const bf16* xp = ptr<bf16>(x);
@@ -289,7 +289,8 @@ static at::Tensor amx_rows(const at::Tensor& x, const at::Tensor& w, const at::T
   TORCH_CHECK(amx_linear_native(), "amx_linear needs a build with AMX bf16, on a kernel that lets it use the tiles");
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == at::kBFloat16 && x.is_contiguous()
               && x.size(1) % 32 == 0, "x must be contiguous bfloat16 rows of a multiple of 32 inputs");
-  const int64_t U = check_pairs(x, w, bias, gated), M = x.size(0), K = x.size(1), P = w.size(0), N = U * 16;
+  const int64_t U = check_pairs(x, w, bias, gated), M = x.size(0), N = U * 16;
+  [[maybe_unused]] const int64_t K = x.size(1), P = w.size(0);
 #if defined(__AMX_BF16__)
   const bf16* xp = ptr<bf16>(x);
   const bf16* wp = ptr<bf16>(w);

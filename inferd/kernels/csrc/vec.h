@@ -33,7 +33,7 @@ template <typename F> static void by_dtype(const at::Tensor& t, F&& f) {
   else TORCH_CHECK(false, "float32 or bfloat16 only, got ", t.scalar_type());
 }
 
-static void check(const at::Tensor& t, const at::Tensor& like, const char* name) {
+[[maybe_unused]] static void check(const at::Tensor& t, const at::Tensor& like, const char* name) {
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
   TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " must have the dtype of the input");
 }
