@@ -98,13 +98,16 @@ def load(isa: str = "native"):
 
 @functools.cache
 def _import(name: str):
+    import torch  # noqa: F401  (the module links torch's libraries, which importing torch loads)
+
     try:
         module = importlib.import_module(f"inferd.kernels._C_{name}")
     except ImportError as e:
         log.warning("the C++ kernels for %s are not built (%s); torch's ops serve. `make kernels` builds them",
                     name, e)
         return None
+    checkout = (CSRC.parents[2] / "setup.py").exists()  # a source tree (make kernels), not an installed wheel
     stale = [p.name for p in CSRC.glob("*") if p.stat().st_mtime > Path(module.__file__).stat().st_mtime]
-    if stale:
+    if checkout and stale:
         log.warning("the C++ kernels for %s are older than %s: `make kernels` rebuilds them", name, ", ".join(stale))
     return module
