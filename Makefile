@@ -10,7 +10,7 @@ PIP := $(BIN)/pip install --quiet $(if $(wildcard /opt/wheels),--find-links /opt
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install install-test serve test bench-engine kernels
+.PHONY: install install-test serve test bench-engine kernels docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ install-test: $(VENV)/.installed-test
 
 kernels: install  # after a change under inferd/kernels/csrc: recompiles what changed, in place
 	INFERD_KERNEL_ISAS=$(KERNEL_ISAS) $(BIN)/python setup.py --quiet build_ext --inplace
+
+docs: install-test  # the docs as a site in site/, a warning an error
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 serve: install
 	$(BIN)/inferd serve --host $(HOST) --port $(PORT)
