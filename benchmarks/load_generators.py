@@ -27,7 +27,7 @@ import torch
 from benchmarks.engine import _cpu_name, _loadavg
 from benchmarks.served_decode import KEY, SETTINGS, deployment_name, quiet, start_serve
 from inferd.control.runtimes import RuntimeProcess
-from inferd.control.spec import EngineChoice
+from inferd.control.runtimes import EngineChoice
 from inferd.engine.config import EngineConfig
 from inferd.models.export import exported_dir
 from inferd.models.loader import default_model_path

@@ -35,7 +35,7 @@ from benchmarks.engine import PROMPT_LEN, _cpu_name, _loadavg, random_prompts
 from benchmarks.served_decode import (KEY, SETTINGS, Served, decode_window, deployment_name, quiet, serve_spec,
                                       start_serve, streams)
 from inferd.control.runtimes import RuntimeProcess
-from inferd.control.spec import EngineChoice
+from inferd.control.runtimes import EngineChoice
 from inferd.engine.config import EngineConfig
 from inferd.models.sentence import DEFAULT_EMBEDDING_NAME
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from inferd.control.replicas import ReplicaProcess, free_port, wait_until_ready
 from inferd.control.runtimes import RuntimeProcess
-from inferd.control.spec import EngineChoice
+from inferd.control.runtimes import EngineChoice
 from inferd.engine.config import EngineConfig
 
 ROOT = Path(__file__).parents[1]

@@ -42,7 +42,7 @@ from benchmarks.runtimes import ROOT
 from inferd.bench.client import sse_lines
 from inferd.control.replicas import free_port, wait_until_ready
 from inferd.control.runtimes import RuntimeProcess
-from inferd.control.spec import EngineChoice
+from inferd.control.runtimes import EngineChoice
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams

@@ -131,3 +131,22 @@ def test_only_the_kernels_variants_read_the_cpus_flags():
     askers = [f"{path.relative_to(ROOT.parent)}" for path in ROOT.rglob("*.py") if path.parent.name != "kernels"
               and any(name in path.read_text() for name in ("cpu_flags", "host_flags"))]
     assert not askers, f"the CPU's flags asked outside inferd/kernels/ (ask inferd.kernels.select): {askers}"
+
+
+def test_no_cycles_between_modules():
+    """docs/architecture.md: no module imports one that imports it back, at any distance (imports inside functions
+    and under TYPE_CHECKING count: they are the same knot, only deferred)."""
+    graph = import_graph()
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for nxt in sorted(graph.get(module, ())):
+            assert state.get(nxt) != 1, f"import cycle: {' -> '.join(path + [module, nxt])}"
+            if nxt not in state:
+                visit(nxt, path + [module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])

@@ -6,6 +6,8 @@ import logging
 import os
 from pathlib import Path
 
+from inferd.classical.schema_file import schema_path
+
 log = logging.getLogger(__name__)
 
 DEMO_NAME = "iris-classifier"
@@ -30,7 +32,6 @@ def train_demo(path: Path) -> None:
     from sklearn.datasets import load_iris
     from sklearn.ensemble import RandomForestClassifier
 
-    from inferd.classical.formats import schema_path
     log.info("training the demo model %s on scikit-learn's iris data set (first start) into %s", DEMO_NAME, path)
     iris = load_iris()
     labels = iris.target_names[iris.target]

@@ -11,7 +11,6 @@ feature_names_in_) unless the settings give `features`, or MODEL.schema.json bes
 ({"features": [{"name", "dtype", "allow_nan"}]}); a file that names none gets its library's own names
 (x0, x1, ... / f0, f1, ...). The formats are imported when used: a replica loads only its own library.
 """
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,9 +20,10 @@ from typing import Protocol
 import numpy as np
 
 from inferd.classical.config import ClassicalConfig
+from inferd.classical.schema_file import read_schema_file, schema_path
 from inferd.models.errors import ModelLoadError
 from inferd.models.unpack import file_sha256
-from inferd.protocol.classical import Feature, TabularSchema
+from inferd.protocol.classical import TabularSchema
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +94,6 @@ def loader(kind: str) -> Callable[[Path, ClassicalConfig, str], Predictor]:
     return load_skops if kind == "skops" else load_pickle
 
 
-def schema_path(model_path: Path) -> Path:
-    return model_path.with_name(model_path.name.rsplit(".", 1)[0] + ".schema.json")
-
-
 def resolved_schema(path: Path, predictor: Predictor, config: ClassicalConfig) -> tuple[TabularSchema, str | None]:
     """The schema requests are checked against, and the schema file's digest when one was read."""
     given, digest = config.schema_features, None
@@ -114,16 +110,3 @@ def resolved_schema(path: Path, predictor: Predictor, config: ClassicalConfig) -
     if predictor.named and [f.name for f in given] != own.names:
         raise ModelLoadError(f"{path} names its features {', '.join(own.names)}; the schema's differ")
     return replace(own, features=given), digest
-
-
-def read_schema_file(path: Path) -> tuple[Feature, ...]:
-    try:
-        raw = json.loads(path.read_text())
-        return tuple(Feature.parse(f) for f in raw["features"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"{path}: not a schema ({{\"features\": [{{\"name\", \"dtype\"}}, ...]}}): {exc}") from None
-
-
-def default_features(count: int, prefix: str, dtype: str = "float64", allow_nan: bool = False
-                     ) -> tuple[Feature, ...]:
-    return tuple(Feature(f"{prefix}{i}", dtype, allow_nan) for i in range(count))

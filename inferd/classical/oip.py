@@ -1,28 +1,40 @@
 """The Open Inference Protocol (KServe v2) on a classical replica: server and model health, model metadata,
 and infer with typed tensors (protocol/oip.py checks them into the same rows /v1/predict runs). The
 model's one version is its file's sha256, first 12 hex digits; the unversioned paths serve it too."""
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
+import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inferd.classical.answers import json_ready, json_response
+from inferd.classical.runtime import Answer, ClassicalRuntime
 from inferd.protocol import headers
 from inferd.protocol.classical import decode_body
 from inferd.protocol.errors import NotFound
 from inferd.protocol.http import read_body
 from inferd.protocol.oip import (MAX_BODY_BYTES, InferRequest, infer_matrix, infer_response, model_metadata,
                                  requested_outputs)
-
-if TYPE_CHECKING:
-    from inferd.classical.server import ClassicalRoutes
+from inferd.replica.state import Readiness
 
 SERVER_NAME = "inferd"
 
 
+class PredictRoutes(Protocol):
+    """What the v2 routes share with /v1/predict's (server.py's ClassicalRoutes): the model, readiness, the
+    request's bookkeeping and the batched prediction."""
+    runtime: ClassicalRuntime
+    readiness: Readiness
+
+    async def observed(self, api: str, request: Request, work: Awaitable[Response]) -> Response: ...
+    async def run(self, request: Request, rows: np.ndarray) -> Answer: ...
+    async def off_loop(self, rows: int, fn: Callable[..., Any], *args) -> Any: ...
+
+
 class OIPRoutes:
-    def __init__(self, v1: "ClassicalRoutes"):
+    def __init__(self, v1: PredictRoutes):
         self.v1, self.runtime = v1, v1.runtime
 
     def routes(self) -> list[Route]:

@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from inferd.classical.config import ClassicalConfig
-from inferd.classical.formats import default_features
 from inferd.models.errors import ModelLoadError
-from inferd.protocol.classical import Feature, TabularSchema
+from inferd.protocol.classical import Feature, TabularSchema, default_features
 
 ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(int64)": "int64",
                "tensor(int32)": "int32", "tensor(bool)": "bool"}

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from inferd.classical.config import ClassicalConfig
-from inferd.classical.formats import default_features
 from inferd.models.errors import ModelLoadError
-from inferd.protocol.classical import Feature, TabularSchema
+from inferd.protocol.classical import Feature, TabularSchema, default_features
 
 log = logging.getLogger(__name__)
 

@@ -9,21 +9,15 @@ the canary's set with `quality_regressions`.
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
-from inferd.control.spec import QualitySpec
-from inferd.eval.docset import DEFAULT_SET
+from inferd.control.spec import QualitySpec, set_path
 from inferd.eval.evaluate import evaluate
 from inferd.eval.intervals import difference
 from inferd.gateway.deployments import Deployment, Deployments
 
 log = logging.getLogger(__name__)
-
-
-def set_path(q: QualitySpec) -> Path:
-    return DEFAULT_SET if q.set == "default" else Path(q.set).expanduser()
 
 
 def same_run(a: QualitySpec, b: QualitySpec) -> bool:

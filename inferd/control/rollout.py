@@ -8,24 +8,21 @@ hands it every usage record (observe) and routes by the weight it sets on Deploy
 replicas are drained and stopped by its replica pool (inferd.control.pool).
 """
 import asyncio
-import json
 import logging
 import math
-import re
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from inferd.control.pool import ReplicaPool
+from inferd.control.probes import Probe, read_probes
 from inferd.control.quality import GateResults, describe, quality_regressions, same_run, score
 from inferd.control.spec import QualitySpec, RolloutSpec
 from inferd.gateway.deployments import Deployment, Deployments
-from inferd.eval.jsonl import jsonl_lines
 
 log = logging.getLogger(__name__)
 
@@ -39,30 +36,6 @@ class RolloutError(ValueError):
 
 
 # probes
-
-@dataclass(slots=True)
-class Probe:
-    messages: list[dict]
-    expect: re.Pattern
-    max_tokens: int = 16
-
-
-def read_probes(path: str | Path) -> list[Probe]:
-    """A JSONL probe set, one {"messages": [...], "expect": "regex", "max_tokens"?: n} per line."""
-    probes = []
-    for i, line in jsonl_lines(Path(path).expanduser().read_text()):
-        try:
-            raw = json.loads(line)
-            assert isinstance(raw, dict) and set(raw) <= {"messages", "expect", "max_tokens"}, "unknown fields"
-            assert isinstance(raw.get("messages"), list) and raw["messages"], "messages must be a non-empty list"
-            assert isinstance(raw.get("expect"), str), "expect must be a regex string"
-            probes.append(Probe(raw["messages"], re.compile(raw["expect"]), int(raw.get("max_tokens", 16))))
-        except (ValueError, AssertionError, re.error) as exc:
-            raise ValueError(f"line {i}: {exc}") from None
-    if not probes:
-        raise ValueError("no probes")
-    return probes
-
 
 async def run_probes(client: httpx.AsyncClient, d: Deployment, probes: list[Probe]) -> float:
     """The share of probes whose greedy answer from the deployment's replicas matches its regex."""

@@ -34,11 +34,20 @@ import httpx
 from inferd.control.cpus import cpulist, machine_cpus
 from inferd.control.kinds import source_path
 from inferd.control.replicas import free_port, in_child, terminate
-from inferd.control.spec import EngineChoice
 from inferd.engine.config import EngineConfig
 from inferd.kernels.select import native_bf16
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class EngineChoice:
+    """Which runtime a text deployment's replicas run: inferd's engine, or vLLM's or llama.cpp's OpenAI server in
+    its own environment (RUNTIMES below). Written in the spec's runtime section beside the engine settings:
+    `runtime: {engine: vllm, python: /path/to/venv/bin/python, args: [...], max_num_seqs: 32}`."""
+    engine: str = "inferd"
+    python: str | None = None  # the runtime's interpreter (its own venv); default: found on PATH
+    args: list[str] = field(default_factory=list)  # passed to the runtime as they are, after inferd's own flags
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,9 @@ import yaml
 from inferd.control.cpus import AUTO, cpulist, machine_cpus, parse_cpulist
 from inferd.control.in_process import KINDS as IN_PROCESS_KINDS
 from inferd.control.kinds import KINDS, SETTINGS, Settings, source_path
+from inferd.control.probes import read_probes
+from inferd.control.runtimes import RUNTIMES, EngineChoice, runtime_python, unsupported_settings
+from inferd.eval.docset import DEFAULT_SET, SetError, load_set
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.config import ModelPrice
 from inferd.gateway.degrade import DEGRADE_ACTIONS, DegradationSpec
@@ -42,16 +45,6 @@ class ExternalSpec:
 
 
 ENGINES = ("inferd", "vllm", "llama.cpp")
-
-
-@dataclass(slots=True)
-class EngineChoice:
-    """Which runtime a text deployment's replicas run: inferd's engine, or vLLM's or llama.cpp's OpenAI server in
-    its own environment (inferd.control.runtimes). Written in the spec's runtime section beside the engine settings:
-    `runtime: {engine: vllm, python: /path/to/venv/bin/python, args: [...], max_num_seqs: 32}`."""
-    engine: str = "inferd"
-    python: str | None = None  # the runtime's interpreter (its own venv); default: found on PATH
-    args: list[str] = field(default_factory=list)  # passed to the runtime as they are, after inferd's own flags
 
 
 PLACEMENTS = ("local", "in_process", "ray")
@@ -129,6 +122,11 @@ class QualitySpec:
     floor: QualityFloor = field(default_factory=QualityFloor)
     limit: int | None = None  # only the first N items of each behaviour (quick checks; wider intervals)
     concurrency: int = 4  # requests in flight while the set runs
+
+
+def set_path(q: QualitySpec) -> Path:
+    """The folder of q's eval set."""
+    return DEFAULT_SET if q.set == "default" else Path(q.set).expanduser()
 
 
 @dataclass(slots=True)
@@ -327,7 +325,6 @@ def _check_canary(spec: ServiceSpec, d: DeploymentSpec, where: str) -> None:
     if r.probes is not None and not Path(r.probes).expanduser().is_file():
         raise SpecError(f"{where}.rollout.probes: {r.probes} is not a file")
     if r.probes is not None:
-        from inferd.control.rollout import read_probes
         try:
             read_probes(r.probes)
         except ValueError as exc:
@@ -337,8 +334,6 @@ def _check_canary(spec: ServiceSpec, d: DeploymentSpec, where: str) -> None:
 
 
 def _check_quality(d: DeploymentSpec, where: str) -> None:
-    from inferd.control.quality import set_path
-    from inferd.eval.docset import SetError, load_set
     q = d.quality
     if d.kind != "text":
         raise SpecError(f"{where}: a quality set is for text deployments only")
@@ -426,7 +421,6 @@ def _check_engine(d: DeploymentSpec, where: str) -> None:
         if e.python is not None or e.args:
             raise SpecError(f"{where}.python: python and args are for another engine (engine: vllm)")
         return
-    from inferd.control.runtimes import RUNTIMES, runtime_python, unsupported_settings
     if d.kind != "text":
         raise SpecError(f"{where}.engine: {e.engine} serves text deployments only, not {d.kind}")
     for name in unsupported_settings(e.engine, d.runtime):

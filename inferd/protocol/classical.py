@@ -227,3 +227,9 @@ def _refuse(feature: Feature, value: Any, where: str):
 
 def _type_name(value: Any) -> str:
     return TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def default_features(count: int, prefix: str, dtype: str = "float64", allow_nan: bool = False
+                     ) -> tuple[Feature, ...]:
+    """Features for a model that names none: prefix0, prefix1, ..."""
+    return tuple(Feature(f"{prefix}{i}", dtype, allow_nan) for i in range(count))

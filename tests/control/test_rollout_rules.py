@@ -4,13 +4,13 @@ import json
 
 import pytest
 
+from inferd.control.probes import read_probes
 from inferd.control.rollout import (
     Rollout,
     RolloutController,
     RolloutError,
     judge,
     p95,
-    read_probes,
     sample_of,
     stats_of,
 )

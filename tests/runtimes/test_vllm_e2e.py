@@ -21,7 +21,8 @@ from sqlalchemy import create_engine, text
 
 from inferd.control.placement import make_replica
 from inferd.control.runtimes import RuntimeProcess
-from inferd.control.spec import EngineChoice, PlacementSpec
+from inferd.control.runtimes import EngineChoice
+from inferd.control.spec import PlacementSpec
 from inferd.engine.config import EngineConfig
 from tests.control import test_ray
 from tests.server import ROOT, db_url, new_tenant_key, server_process
