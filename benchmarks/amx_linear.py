@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name
 from benchmarks.quantization import save_report
 from benchmarks.int4_linear import layer_linears, one_by_one
 from inferd.models.cpu_kernels import load_cpp_kernels
@@ -51,7 +51,7 @@ def main() -> None:
     pairs = [pair_weights(w) for w in weights]
     linear, amx = torch.ops.mkldnn._linear_pointwise, kernels.amx_linear
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                           "python": platform.python_version()}, "bytes": nbytes, "rows": {}}
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
@@ -90,7 +90,7 @@ def shapes(kernels, weights: list[torch.Tensor], rows: list[int], repeats: int, 
         peaks[n] = round(matmul_peak(torch.bfloat16) / 1e9)
     torch.set_num_threads(threads)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "threads": threads, "torch": torch.__version__,
+              "machine": {"cpu": cpu_name(), "threads": threads, "torch": torch.__version__,
                           "bf16_matmul_peak_gflop_s_by_threads": peaks}, "shapes": {}}
     print(f"bf16 matmul peak by threads: {peaks} GFLOP/s", flush=True)
     linear = torch.ops.mkldnn._linear_pointwise
@@ -109,7 +109,7 @@ def shapes(kernels, weights: list[torch.Tensor], rows: list[int], repeats: int, 
             print(f"{label} (outputs x inputs), GFLOP/s: "
                   + "; ".join(f"{m} rows " + "/".join(str(v) for v in r.values()) for m, r in row.items())
                   + " (oneDNN/amx_linear/F.linear)", flush=True)
-    lines = [f"# SmolLM2-135M's layer shapes alone, hot, bf16: GFLOP/s ({result['date']}; {_cpu_name()}, {threads} "
+    lines = [f"# SmolLM2-135M's layer shapes alone, hot, bf16: GFLOP/s ({result['date']}; {cpu_name()}, {threads} "
              f"threads, torch {torch.__version__}; bf16 matmul peak {peaks} GFLOP/s by threads)", "",
              "| outputs x inputs | rows | oneDNN (prepacked) | amx_linear | F.linear |", "|---|---:|---:|---:|---:|"]
     for label, row in result["shapes"].items():

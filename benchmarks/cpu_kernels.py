@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name
 from inferd.kernels.variants import cpu_flags
 from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
 from inferd.models.int4 import GROUP, Int4Linear, int4_available
@@ -68,7 +68,7 @@ def main() -> None:
     cpp = load_cpp_kernels()
     assert cpp is not None, "the C++ kernels do not build here"
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__},
+              "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__},
               "kernels_us": {}, "linears_us": {}}
     with torch.inference_mode():
         for dtype in (torch.float32, torch.bfloat16):

@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from benchmarks.engine import _cpu_name, _log, inferd_decode, inferd_engine
+from benchmarks.engine import _log, inferd_decode, inferd_engine
+from benchmarks.machine import cpu_name
 from benchmarks.limits import isa_limits
 from inferd.models.loader import load_model
 
@@ -61,7 +62,7 @@ def main() -> None:
                     _log(f"{name} B={b} {mode} attention: {runs[name, b, mode][-1]:.1f} tok/s")
             engine.model.use_kernels(real)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
-              "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__,
+              "machine": {"cpu": cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__,
                           "python": platform.python_version(),
                           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "isa_limits": isa_limits()},
               "rows": []}

@@ -19,7 +19,8 @@ from datetime import datetime, timezone
 import torch
 
 from benchmarks.cpu_kernels import per_call_us
-from benchmarks.engine import _cpu_name, random_prompts
+from benchmarks.engine import random_prompts
+from benchmarks.machine import cpu_name
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.model_runner import Chunk
@@ -88,7 +89,7 @@ def main() -> None:
         dtype=dtype, quantization=quantization, max_num_seqs=max(batches), enable_prefix_caching=False,
         max_num_batched_tokens=max(batches) * args.context, small_step_threads=torch.get_num_threads()))
     net = engine.runner.model
-    result = {"machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    result = {"machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                           "date": datetime.now(timezone.utc).isoformat(timespec="minutes")},
               "format": f"{engine.dtype} {engine.quantization}".replace("torch.", ""), "context": args.context,
               "batches": {}}

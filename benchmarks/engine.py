@@ -28,6 +28,7 @@ from inferd.engine.engine import LLMEngine, resolve_dtype
 from inferd.engine.request import SamplingParams
 from inferd.models.loader import load_model
 from benchmarks import limits
+from benchmarks.machine import cpu_name, describe, loadavg
 
 PROMPT_LEN, NEW_TOKENS, PREFILL_LEN = 128, 128, 1024
 
@@ -167,9 +168,10 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     model = load_model(args.model, progress=False)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
-              "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "python": platform.python_version(),
+              "machine": {"cpu": cpu_name(), "cores": torch.get_num_threads(), "python": platform.python_version(),
                           "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                          "load_average_before": _loadavg(), "isa_limits": limits.isa_limits()},
+                          "load_average_before": loadavg(), "isa_limits": limits.isa_limits(),
+                          "description": describe()},
               "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": NEW_TOKENS, "prefill_tokens": PREFILL_LEN},
               "inferd": {}, "transformers": {}}
     if args.threads:
@@ -202,7 +204,7 @@ def main() -> None:
             result["inferd"][name.removeprefix("inferd ")] = row
         else:
             result["transformers"][name.removeprefix("transformers ")] = row
-    result["machine"]["load_average_after"] = _loadavg()
+    result["machine"]["load_average_after"] = loadavg()
     result["limits_runs"] = limit_runs
     result["limits"] = limits.median_limits(limit_runs)
     rounds, blocks = max(repeats.values()), ["prefill", *(f"decode B={b}" for b in batches)]
@@ -264,20 +266,6 @@ def _table(r: dict) -> str:
         cells = [label, *ours, *theirs] + ([f"{max(ours) / max(theirs):.2f}x"] if theirs else [])
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(rows)
-
-
-def _cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
-
-
-def _loadavg() -> str:
-    try:
-        return open("/proc/loadavg").read().strip()
-    except OSError:
-        return ""
 
 
 def _log(msg: str) -> None:

@@ -25,7 +25,8 @@ from datetime import datetime, timezone
 import torch
 
 from benchmarks import limits
-from benchmarks.engine import NEW_TOKENS, PROMPT_LEN, _cpu_name, _loadavg, _log, inferd_decode, random_prompts
+from benchmarks.engine import NEW_TOKENS, PROMPT_LEN, _log, inferd_decode, random_prompts
+from benchmarks.machine import cpu_name, loadavg
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
@@ -80,9 +81,9 @@ def main() -> None:
     model = load_model(args.model, progress=False)
     reads = []
     result = {"change": args.change, "new_tokens": args.new_tokens, "prefill": bool(prefills),
-              "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                           "date": datetime.now(timezone.utc).isoformat(timespec="minutes"),
-                          "load_average_before": _loadavg()},
+                          "load_average_before": loadavg()},
               "formats": {}}
     for spec in args.formats.split(","):
         engines = {"on": engine(model, spec, args.change, True, batches, bool(prefills)),
@@ -109,7 +110,7 @@ def main() -> None:
         del engines
     result["read_bandwidth_gb_s"] = {k: {"median": round(statistics.median(r[k] for r in reads), 1),
                                          "runs": [round(r[k], 1) for r in reads]} for k in ("4k", "2m")}
-    result["machine"]["load_average_after"] = _loadavg()
+    result["machine"]["load_average_after"] = loadavg()
     print(table(result))
     if args.out:
         with open(args.out, "w") as f:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from benchmarks import limits
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name
 from benchmarks.int4_linear import as_linear, layer_linears
 from benchmarks.paged_decode import built_at
 from inferd.models.int4 import Int4Linear
@@ -63,7 +63,7 @@ def main() -> None:
     head = Int8Linear(as_linear(model.weights["model.embed_tokens.weight"].float()), int8["today"])  # tied lm_head
     four_bit = [layer.four_bit_bytes() for layer in layers]
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                           "read_bandwidth_gb_s": round(limits.read_bandwidth(huge_pages=True) / 1e9, 1)},
               "baseline": args.baseline, "linears": {}, "lm_head": {}, "lm_head_bytes": head.weight.nbytes}
     with torch.inference_mode():

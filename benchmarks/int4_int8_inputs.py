@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name
 from benchmarks.int4_linear import as_linear, layer_linears, one_by_one, seconds
 from benchmarks.limits import isa_limits
 from inferd.models.int4 import Int4Linear, dequantize_q4_1, quantize_q4_1, takes
@@ -42,7 +42,7 @@ def main() -> None:
     ops = {rows_name: lambda l, x: kernel.int4_linear(x, l.nibbles, l.dm, l.row_bias, l.out_features),
            "int8 inputs": lambda l, x: kernel.int4_linear_int8(x, l.nibbles, l.dm, l.row_bias, l.out_features)}
     lines = [f"# Q4_1 linears: int8 inputs against {rows_name} ({datetime.now(timezone.utc):%Y-%m-%d}; "
-             f"{_cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, kernels {args.isa}; "
+             f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, kernels {args.isa}; "
              f"limits: {isa_limits()})", "",
              f"`PYTHONPATH=. .venv/bin/python benchmarks/int4_int8_inputs.py {' '.join(sys.argv[1:])}`", "",
              "Error: |y - y_ref| / |y_ref| over 8 random rows of each of the 4 linears of layer 0 (y_ref: float64, the "

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 import torch
 from torch import nn
 
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name
 from benchmarks.limits import isa_limits
 from benchmarks.quantization import save_report
 from inferd.models.int4 import Int4Linear, takes
@@ -99,7 +99,7 @@ def main() -> None:
     targets[f"dense {DTYPE_NAMES[dtype]}"] = (dense, sum(w.numel() * dtype.itemsize for w in weights))
     targets = {name: ([layer.op(dtype) for layer in layers], b) for name, (layers, b) in targets.items()}  # as the engine calls them
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                           "python": platform.python_version(), "kernel_isa": args.isa, "isa_limits": isa_limits()},
               "dtype": args.dtype, "bytes": {name: b for name, (_, b) in targets.items()}, "rows": {}}
     with torch.inference_mode():

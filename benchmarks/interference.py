@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine import PROMPT_LEN, _cpu_name, inferd_decode
+from benchmarks.engine import PROMPT_LEN, inferd_decode
+from benchmarks.machine import cpu_name
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.models.loader import load_model
@@ -63,7 +64,7 @@ def main() -> None:
                     bursts.wait()
         print(f"round {r}: {json.dumps({k: v[-1] for k, v in runs.items()})}", file=sys.stderr, flush=True)
     ratios = [round(b / a, 3) for a, b in zip(runs["alone"], runs["beside_bursts"])]
-    result = {"machine": {"cpu": _cpu_name(), "torch": torch.__version__}, "format": args.format,
+    result = {"machine": {"cpu": cpu_name(), "torch": torch.__version__}, "format": args.format,
               "batch": args.batch, "bursts": {"period_us": args.period_us, "busy_us": args.busy_us}, "runs": runs,
               "medians": {k: statistics.median(v) for k, v in runs.items()},
               "beside_over_alone": {"rounds": ratios, "median": statistics.median(ratios)}}

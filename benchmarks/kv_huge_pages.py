@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from benchmarks.engine import _cpu_name, _log, inferd_decode, inferd_engine
+from benchmarks.engine import _log, inferd_decode, inferd_engine
+from benchmarks.machine import cpu_name
 from inferd.models.loader import load_model
 
 
@@ -71,7 +72,7 @@ def main() -> None:
     print("\n".join(lines))
     if args.out:
         result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "format": label,
-                  "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__},
+                  "machine": {"cpu": cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__},
                   "cache_mib": cache.nbytes / 2**20, "huge_pages_added_mb": huge_mb, "rows": rows}
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

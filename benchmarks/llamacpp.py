@@ -165,7 +165,8 @@ def main() -> None:
     import torch
 
     from benchmarks import limits
-    from benchmarks.engine import _cpu_name, random_prompts
+    from benchmarks.engine import random_prompts
+    from benchmarks.machine import cpu_name
     from benchmarks.venvs import ensure_venv
     from inferd.models.loader import default_model_path, load_model
 
@@ -177,8 +178,8 @@ def main() -> None:
     model = load_model(None, progress=False)
     vocab = model.config.vocab_size
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": str(default_model_path().name),
-              "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                          "load_average_before": _loadavg(), "isa_limits": limits.isa_limits()},
+              "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                          "load_average_before": loadavg(), "isa_limits": limits.isa_limits()},
               "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": NEW_TOKENS, "prefill_tokens": PREFILL_LEN,
                            "repeats": args.repeats}}
     spec = {"model_path": str(default_model_path()), "threads": torch.get_num_threads(), "repeats": args.repeats,
@@ -197,7 +198,7 @@ def main() -> None:
             dtype, quantization = variant.split("/")
             result[f"inferd {dtype} {quantization}"] = inferd_results(model, dtype, quantization, batches,
                                                                       args.repeats, torch.get_num_threads())
-    result["machine"]["load_average_after"] = _loadavg()
+    result["machine"]["load_average_after"] = loadavg()
     from benchmarks.quantization import save_report  # here: the llama.cpp worker's venv has no torch
     save_report(result, markdown(result), args.out)
 
@@ -222,7 +223,7 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _loadavg() -> str:
+def loadavg() -> str:
     with open("/proc/loadavg") as f:
         return f.read().strip()
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from benchmarks.engine import _cpu_name, _loadavg
+from benchmarks.machine import cpu_name, loadavg
 from benchmarks.served_decode import KEY, SETTINGS, deployment_name, quiet, start_serve
 from inferd.control.runtimes import RuntimeProcess
 from inferd.control.runtimes import EngineChoice
@@ -117,8 +117,8 @@ def main() -> None:
     ratios = {rate: {f"{m}_{p}": ratio(rate, m, p) for m in ("ttft_ms", "itl_ms") for p in ("p50", "p95")}
               for rate in medians["inferd"]}
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                          "load_average_after": _loadavg(), "shared": args.note or "nothing else running"},
+              "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+                          "load_average_after": loadavg(), "shared": args.note or "nothing else running"},
               "settings": SETTINGS | {k: v for k, v in vars(args).items() if k not in ("out", "guidellm", "vllm_python")},
               "runs": runs, "medians": medians, "inferd_over_vllm": ratios}
     text = markdown(result)

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine import PROMPT_LEN, _cpu_name, _loadavg, random_prompts
+from benchmarks.engine import PROMPT_LEN, random_prompts
+from benchmarks.machine import cpu_name, loadavg
 from benchmarks.served_decode import (KEY, SETTINGS, Served, decode_window, deployment_name, quiet, serve_spec,
                                       start_serve, streams)
 from inferd.control.runtimes import RuntimeProcess
@@ -160,8 +161,8 @@ def main() -> None:
         for stop in reversed(stops):
             stop()
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                          "load_average_after": _loadavg()},
+              "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+                          "load_average_after": loadavg()},
               "settings": SETTINGS | {"formats": formats, "new_tokens": args.new_tokens, "rounds": args.rounds},
               "runs": runs, "embeddings": embed_runs,
               "medians": {n: {k: statistics.median(v) for k, v in by.items()} for n, by in runs.items()},

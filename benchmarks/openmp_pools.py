@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="the modes take turns; the median round is kept")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    from benchmarks.engine import _cpu_name
+    from benchmarks.machine import cpu_name
     runs = {d: {m: [] for m in MODES} for d in args.dtypes.split(",")}
     for _ in range(args.rounds):
         for dtype, by in runs.items():
@@ -61,7 +61,7 @@ def main() -> None:
                                      capture_output=True, text=True, env=os.environ).stdout
                 by[mode].append(round(float(out), 1))
     medians = {d: {m: sorted(v)[len(v) // 2] for m, v in by.items()} for d, by in runs.items()}
-    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": _cpu_name(),
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu_name(),
               "cores": os.cpu_count(), "runs_us": runs, "medians_us": medians}
     print(json.dumps(medians, indent=1))
     if args.out:

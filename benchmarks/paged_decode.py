@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import limits
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name
 from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
@@ -124,7 +124,7 @@ def main() -> None:
                 rows.append(row)
                 del caches
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__},
+              "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__},
               "read_bandwidth_gbs": bandwidth, "args": {k: str(v) for k, v in vars(args).items() if k != "out"},
               "rows": rows}
     if args.out:

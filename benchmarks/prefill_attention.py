@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import limits
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name
 from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
@@ -84,7 +84,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "kernel_isa": args.isa},
               "matmul_peak_gflop_s": peaks, "args": {k: str(v) for k, v in vars(args).items() if k != "out"},
               "rows": rows}

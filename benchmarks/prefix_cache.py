@@ -101,7 +101,7 @@ def summary(model, engine: LLMEngine, doc: str, prompts: list[list[int]], primed
     median = {k: statistics.median(r["ttft_s"] for r in v) for k, v in runs.items()}
     same = all(a["tokens"] == b["tokens"] == c["tokens"] for a, b, c in zip(*runs.values()))
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
-            "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "python": platform.python_version(),
+            "machine": {"cpu": cpu_name(), "cores": torch.get_num_threads(), "python": platform.python_version(),
                         "torch": torch.__version__},
             "settings": {"dtype": str(engine.dtype).removeprefix("torch."), "block_size": engine.config.block_size,
                          "max_num_batched_tokens": engine.config.max_num_batched_tokens,
@@ -138,7 +138,7 @@ def report(r: dict) -> str:
             f"(dtype auto, {r['settings']['block_size']}-token blocks, 1 GiB KV cache).\n")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):

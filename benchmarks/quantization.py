@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name
 from benchmarks.limits import isa_limits
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
@@ -280,7 +280,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model = load_model(None, progress=False)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
-              "machine": {"cpu": _cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "machine": {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "isa_limits": isa_limits(),
                           "load_average_before": _uptime()}}
     if not args.skip_kernels:

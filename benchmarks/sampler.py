@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name
 from inferd.engine.request import SamplingParams
 from inferd.engine.sampler import Sampler
 from inferd.engine.sequence import Sequence
@@ -72,7 +72,7 @@ def main() -> None:
         row["greedy_cpp_speedup_over_max_indices"] = round(row["greedy_max_indices_ms"] / row["greedy_cpp_ms"], 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": _cpu_name(),
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu_name(),
               "threads": torch.get_num_threads(), "torch": torch.__version__, "vocab": VOCAB, "rows": rows}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

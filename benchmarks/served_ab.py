@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks.embeddings import ROOT, started_server, stopped
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name
 from benchmarks.runtimes import default_model, figures, medians
 
 KEY = "sk-served-ab"
@@ -79,7 +79,7 @@ def main() -> None:
                     runs[label][str(rate)].append(row)
                     print(json.dumps({"tree": label, "rate": rate, "repeat": i, **row}), flush=True)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(),
+              "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
                           "note": args.machine_note},
               "trees": commits,
               "settings": {k: v for k, v in vars(args).items() if k not in ("out", "tree")},

@@ -19,7 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.engine import PROMPT_LEN, _cpu_name, random_prompts
+from benchmarks.engine import PROMPT_LEN, random_prompts
+from benchmarks.machine import cpu_name
 from benchmarks.served_decode import KEY, decode_window, deployment_name, start_serve, streams
 
 VOCAB = 49152  # the served default model's (SmolLM2): random prompt tokens are drawn below it
@@ -77,7 +78,7 @@ def main() -> None:
         threads = {k: round((v - a[name].get(k, 0)) / ticks, 3) for k, v in b[name].items()}
         busiest = dict(sorted(((k, v) for k, v in threads.items() if v >= 0.005), key=lambda kv: -kv[1]))
         processes[name] = {"cores": round(sum(threads.values()), 3), "threads": busiest}
-    result = {"machine": {"cpu": _cpu_name(), "cores": os.cpu_count()}, "format": args.format, "batch": args.batch,
+    result = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count()}, "format": args.format, "batch": args.batch,
               "new_tokens": args.new_tokens, "window_s": args.window, "decode_tok_s": round(decode_window(done), 1),
               "processes": processes}
     print(json.dumps(result, indent=1))

@@ -36,7 +36,8 @@ from pathlib import Path
 import httpx
 import torch
 
-from benchmarks.engine import PROMPT_LEN, NEW_TOKENS, _cpu_name, _loadavg, inferd_decode, random_prompts
+from benchmarks.engine import PROMPT_LEN, NEW_TOKENS, inferd_decode, random_prompts
+from benchmarks.machine import cpu_name, loadavg
 from benchmarks.limits import isa_limits
 from benchmarks.runtimes import ROOT
 from inferd.bench.client import sse_lines
@@ -312,8 +313,8 @@ def main() -> None:
         for stop in reversed(procs):
             stop()
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
-              "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                          "vllm": vllm_version, "isa_limits": isa_limits(), "load_average_after": _loadavg()},
+              "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+                          "vllm": vllm_version, "isa_limits": isa_limits(), "load_average_after": loadavg()},
               "settings": SETTINGS, "workload": {"prompt_tokens": PROMPT_LEN, "new_tokens": args.new_tokens,
                                                  "long_prompt_tokens": LONG_PROMPT, "rounds": args.rounds,
                                                  "client": args.client,

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine import PROMPT_LEN, _cpu_name, _loadavg, inferd_decode
+from benchmarks.engine import PROMPT_LEN, inferd_decode
+from benchmarks.machine import cpu_name, loadavg
 from inferd.control.replicas import free_port, wait_until_ready
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
@@ -81,8 +82,8 @@ def main() -> None:
     args = ap.parse_args()
     model = load_model(None, progress=False)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
-              "machine": {"cpu": _cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__,
-                          "load_average_before": _loadavg(), "shared": "other work ran on the same cores"},
+              "machine": {"cpu": cpu_name(), "cores": torch.get_num_threads(), "torch": torch.__version__,
+                          "load_average_before": loadavg(), "shared": "other work ran on the same cores"},
               "workload": {"input_tokens": args.input_tokens, "output_tokens": args.output_tokens, "batch": args.concurrency,
                            "replica_args": args.replica_args},
               "formats": {}}
@@ -94,7 +95,7 @@ def main() -> None:
             row["served_share"] = round(row["served_replica"]["median_tok_s"] / row["in_process"]["median_tok_s"], 3)
             result["formats"][spec] = row
             print(spec, json.dumps(row), file=sys.stderr, flush=True)
-    result["machine"]["load_average_after"] = _loadavg()
+    result["machine"]["load_average_after"] = loadavg()
     b = args.concurrency
     lines = [f"| format (asked) | runs as | in process B={b} tok/s | `inferd replica` B={b} tok/s | served / in process |",
              "|---|---|---|---|---|"]

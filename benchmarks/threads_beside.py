@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine import _cpu_name, random_prompts
+from benchmarks.engine import random_prompts
+from benchmarks.machine import cpu_name
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
@@ -88,11 +89,11 @@ def main() -> None:
     ratio = {k: round(statistics.median(a / b for a, b in zip(by[counts[0]], by[counts[1]])), 3)
              for k, by in runs.items()}
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_name(), "cores": cores, "torch": torch.__version__},
+              "machine": {"cpu": cpu_name(), "cores": cores, "torch": torch.__version__},
               "settings": vars(args), "threads": counts, "runs": runs,
               f"ratio_{counts[0]}_over_{counts[1]}_threads": ratio}
     lines = [f"# {counts[0]} threads over {counts[1]} beside a neighbour using a share of a core ({result['date']})",
-             "", f"{_cpu_name()}, {cores} cores; median of {args.rounds} rounds' ratios of decode tok/s.", "",
+             "", f"{cpu_name()}, {cores} cores; median of {args.rounds} rounds' ratios of decode tok/s.", "",
              "| neighbour's share | " + " | ".join(f"B={b}" for b in batches) + " |",
              "|---|" + "---|" * len(batches)]
     lines += [f"| {s} | " + " | ".join(f"{ratio[f'{s}_b{b}']:.2f}" for b in batches) + " |" for s in shares]

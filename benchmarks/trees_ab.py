@@ -25,7 +25,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks.engine import _cpu_name
+from benchmarks.machine import cpu_name, describe
 from benchmarks.limits import isa_limits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def main() -> None:
                           file=sys.stderr, flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tmp / "base")], cwd=ROOT, capture_output=True)
-    result = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "cpu": _cpu_name(),
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "cpu": cpu_name(), "machine": describe(),
               "cores": os.cpu_count(), "isa_limits": isa_limits(), "base": base_rev,
               "new": head_rev + (" + uncommitted changes" if dirty else ""),
               "command": shlex.join(command), "runs": runs,
