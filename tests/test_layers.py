@@ -83,23 +83,29 @@ def test_the_data_path_never_reaches_the_engine_or_the_control_plane():
         assert not reached, f"{start} reaches {reached}"
 
 
+def first_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """A path of imports that comes back to where it started, or None."""
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path + [node, nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [node])):
+                return cycle
+        state[node] = 2
+        return None
+
+    return next((c for node in sorted(edges) if node not in state and (c := visit(node, []))), None)
+
+
 def test_no_cycles_between_folders():
     edges = defaultdict(set)
     for m, targets in import_graph().items():
         edges[_folder(m)] |= {_folder(t) for t in targets} - {_folder(m)}
-    state: dict[str, int] = {}
-
-    def visit(folder: str, path: list[str]) -> None:
-        state[folder] = 1
-        for nxt in edges[folder]:
-            assert state.get(nxt) != 1, f"import cycle between folders: {' -> '.join(path + [folder, nxt])}"
-            if nxt not in state:
-                visit(nxt, path + [folder])
-        state[folder] = 2
-
-    for folder in list(edges):
-        if folder not in state:
-            visit(folder, [])
+    cycle = first_cycle(edges)
+    assert cycle is None, f"import cycle between folders: {' -> '.join(cycle)}"
 
 
 def test_no_asyncio_wait_for():
@@ -136,17 +142,5 @@ def test_only_the_kernels_variants_read_the_cpus_flags():
 def test_no_cycles_between_modules():
     """docs/architecture.md: no module imports one that imports it back, at any distance (imports inside functions
     and under TYPE_CHECKING count: they are the same knot, only deferred)."""
-    graph = import_graph()
-    state: dict[str, int] = {}
-
-    def visit(module: str, path: list[str]) -> None:
-        state[module] = 1
-        for nxt in sorted(graph.get(module, ())):
-            assert state.get(nxt) != 1, f"import cycle: {' -> '.join(path + [module, nxt])}"
-            if nxt not in state:
-                visit(nxt, path + [module])
-        state[module] = 2
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [])
+    cycle = first_cycle(import_graph())
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
