@@ -12,15 +12,14 @@ INF = 1 << 62
 
 @dataclass(frozen=True)
 class Plan:
-    linear: str  # what a linear of the format runs these rows on (LINEAR_KERNELS)
-    attention: str  # what decode attention runs on (ATTENTION)
+    linear: str  # what a linear of the format runs these rows on (below)
+    attention: str  # what decode attention runs on (attention())
     decode_loop: bool  # whether the C++ decode loop can call this linear (a step runs there where all its can)
 
 
 # one_row, amx: our bf16 loops on the weights in pairs (packed.py); int4, int4_int8: our 4-bit kernel, its inputs
 # rounded to 16 bits or to int8; int4_torch: torch's 4-bit kernel; int8: our int8 kernel; int8_torch: torch's;
 # onednn: oneDNN's prepacked dense product (for int4: the layer's dense copy).
-LINEAR_KERNELS = ("one_row", "amx", "int4", "int4_int8", "int4_torch", "int8", "int8_torch", "onednn")
 OURS = frozenset({"one_row", "amx", "int4", "int4_int8"})  # what the C++ decode loop calls
 
 # Dense bf16: (the CPU has, rows from, rows to, at most this many outputs, kernel; the result that chose it).
