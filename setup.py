@@ -60,8 +60,8 @@ def extensions():
 
 def _skipped(name: str, e: Exception) -> None:
     last = (str(e).strip().splitlines() or [""])[-1]
-    print(f"inferd: C++ kernels{' ' + name if name else ''} not built ({type(e).__name__}: {last}); torch's ops serve instead",
-          file=sys.stderr)
+    print(f"inferd: C++ kernels{' ' + name if name else ''} not built ({type(e).__name__}: {last}); "
+          "torch's ops serve instead", file=sys.stderr)
 
 
 modules, commands = extensions()

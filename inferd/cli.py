@@ -273,11 +273,21 @@ def main(argv: list[str] | None = None) -> int:
     from inferd.telemetry.logs import setup_logging
     setup_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
     try:
+        _check_kernel_cap()
         return _run(args)
     except CommandError as exc:  # argparse's convention: one line on stderr, exit code 2
         message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"inferd {args.command}: error: {message}", file=sys.stderr)
         return 2
+
+
+def _check_kernel_cap() -> None:
+    """INFERD_KERNEL_ISA names a variant of the kernels (docs/kernels.md), or the command stops here, in one line."""
+    from inferd.kernels.variants import isa_cap
+    try:
+        isa_cap()
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """`inferd` on the command line: a bad argument is one line on stderr and exit code 2, before anything is
 written; a start whose tenant 'default' has no key says how to make one."""
+import os
 import subprocess
 import sys
 import time
@@ -33,6 +34,13 @@ def test_a_bad_serve_flag_is_one_line_and_touches_no_store(tmp_path, flags, says
     done = run("serve", "--db", f"sqlite:///{db}", *NO_EXTRA_MODELS, *flags)
     assert says in one_line_error(done, "serve")
     assert not db.exists()  # no tenant 'default' without a key left behind
+
+
+def test_a_kernel_cap_that_names_no_variant_is_one_line(tmp_path):
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    done = subprocess.run([sys.executable, "-m", "inferd.cli", "keys", "list", "--db", db], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120, env={**os.environ, "INFERD_KERNEL_ISA": "haswell"})
+    assert "INFERD_KERNEL_ISA='haswell': expected one of avx2" in one_line_error(done, "keys")
 
 
 def test_other_commands_errors_are_one_line(tmp_path):

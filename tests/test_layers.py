@@ -128,8 +128,8 @@ def test_no_cpp_inside_a_python_string():
 
 
 def test_only_the_kernels_variants_read_the_cpus_flags():
-    """docs/kernels.md: inferd/kernels/variants.py reads what the CPU reports; everything else asks inferd.kernels.select
-    (which kernel runs) or variants.cpu_flags, so that one cap (INFERD_KERNEL_ISA) holds for every rule."""
+    """docs/kernels.md: inferd/kernels/variants.py reads what the CPU reports; everything else asks
+    inferd.kernels.select (which kernel runs), so that one cap (INFERD_KERNEL_ISA) holds for every rule."""
     owner = ROOT / "kernels" / "variants.py"
     readers = [f"{path.relative_to(ROOT.parent)}" for path in ROOT.rglob("*.py") if path != owner
                and any(marker in path.read_text() for marker in ("/proc/cpuinfo", "get_cpu_capability", "cpuid"))]

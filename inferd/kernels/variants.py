@@ -27,7 +27,8 @@ SOURCES = ("norms.cpp", "decode_attention.cpp", "prefill_attention.cpp", "sampli
 # pragma), not at link: no flush-to-zero start-up code in the process.
 COMMON_FLAGS = ("-O3", "-g0", "-fopenmp", "-ffast-math", "-fvisibility=hidden")  # -g0: Python's build flags carry -g
 
-V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})  # x86-64-v3, as cpuinfo names it
+# x86-64-v3, as /proc/cpuinfo names its parts
+V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
 V4 = V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 BF16 = V4 | {"avx512_vnni", "avx512_bf16"}
 AMX = BF16 | {"amx_tile", "amx_bf16", "amx_int8"}
@@ -103,8 +104,8 @@ def _import(name: str):
     try:
         module = importlib.import_module(f"inferd.kernels._C_{name}")
     except ImportError as e:
-        log.warning("the C++ kernels for %s are not built (%s); torch's ops serve. `make kernels` builds them",
-                    name, e)
+        log.warning("the C++ kernels for %s are not built (%s); torch's ops serve (reinstall inferd where a C++ "
+                    "compiler is, or in a source checkout run `make kernels`)", name, e)
         return None
     checkout = (CSRC.parents[2] / "setup.py").exists()  # a source tree (make kernels), not an installed wheel
     stale = [p.name for p in CSRC.glob("*") if p.stat().st_mtime > Path(module.__file__).stat().st_mtime]
