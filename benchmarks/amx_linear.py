@@ -28,7 +28,7 @@ import torch
 from benchmarks.machine import cpu_name
 from benchmarks.quantization import save_report
 from benchmarks.int4_linear import layer_linears, one_by_one
-from inferd.models.cpu_kernels import load_cpp_kernels
+from inferd.kernels.variants import load_kernels
 from inferd.models.loader import load_model
 from inferd.models.packed import EMPTY, PACK_FOR_BATCH, pair_weights
 
@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--shapes", action="store_true", help="each distinct shape alone, hot (see above)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    kernels = load_cpp_kernels()
+    kernels = load_kernels()
     assert kernels is not None and kernels.amx_linear_native(), "no AMX bf16 on this CPU (or no C++ build)"
     weights = [w.to(torch.bfloat16) for w in layer_linears(load_model(None, progress=False).weights)]
     if args.shapes:

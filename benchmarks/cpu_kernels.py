@@ -1,7 +1,7 @@
 """The decoder's small ops at one SmolLM2 layer's shapes: the C++ kernels against their torch versions
 (inferd.models.cpu_kernels), and what the int4 and int8 linears add to their kernels at one row (int4 has a
 path for 2-D bf16 inputs without casts and reshapes; "general path" is a 3-D input), and the lm_head on int8
-against its bf16 copy by rows (inferd.models.quant.HEAD_MAX_ROWS).
+against its bf16 copy by rows (inferd.kernels.select.INT8_HEAD_MAX_ROWS).
 
 Microseconds per call, median of --repeats runs of --calls calls each, this process's torch threads.
 
@@ -19,10 +19,11 @@ from torch import nn
 
 from benchmarks.machine import cpu_name
 from inferd.kernels.variants import cpu_flags
-from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
+from inferd.models.cpu_kernels import TorchKernels
+from inferd.kernels.variants import load_kernels
 from inferd.models.int4 import GROUP, Int4Linear, int4_available
 from inferd.models.packed import PackedLinear
-from inferd.models.quant import FUSED_MAX_M, Int8Linear, load_int8_kernel
+from inferd.models.quant import FUSED_MAX_M, Int8Linear
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM, BLOCK, VOCAB = 576, 1536, 9, 3, 64, 16, 49152  # SmolLM2-135M
 
@@ -65,7 +66,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    cpp = load_cpp_kernels()
+    cpp = load_kernels()
     assert cpp is not None, "the C++ kernels do not build here"
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__},
@@ -86,7 +87,7 @@ def main() -> None:
                 "kernel alone": per_call_us(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
                     x, l4.packed, GROUP, l4.scales), args.calls, args.repeats),
                 "general path": per_call_us(lambda: l4(x.view(1, 1, HIDDEN)), args.calls, args.repeats)}
-        kernel = load_int8_kernel()
+        kernel = load_kernels()
         if kernel is not None:
             l8, x = Int8Linear(linear, kernel), torch.randn(1, HIDDEN)
             result["linears_us"]["int8 1x576 @ 1536"] = {
@@ -95,9 +96,9 @@ def main() -> None:
                                                                        l8.out_features, FUSED_MAX_M),
                                             args.calls, args.repeats),
                 "general path": per_call_us(lambda: l8(x.view(1, 1, HIDDEN)), args.calls, args.repeats)}
-            head = nn.Linear(HIDDEN, VOCAB, bias=False)  # lm_head: int8 against the bf16 copy, by rows (HEAD_MAX_ROWS)
+            head = nn.Linear(HIDDEN, VOCAB, bias=False)  # lm_head: int8 against the bf16 copy, by rows (INT8_HEAD_MAX_ROWS)
             h8, dense = Int8Linear(head, kernel), PackedLinear(head.to(torch.bfloat16))
-            avx2 = load_int8_kernel("avx2") if "avx512f" in cpu_flags() else None
+            avx2 = load_kernels("avx2") if "avx512f" in cpu_flags() else None
             for rows in (1, 2, 3, 4, 8):
                 x = torch.randn(rows, HIDDEN).to(torch.bfloat16)
                 result["linears_us"][f"lm_head {rows}x576 @ {VOCAB}"] = {

@@ -30,7 +30,8 @@ from benchmarks.paged_decode import built_at
 from inferd.models.int4 import Int4Linear
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.loader import load_model
-from inferd.models.quant import Int8Linear, load_int8_kernel
+from inferd.models.quant import Int8Linear
+from inferd.kernels.variants import load_kernels
 
 
 def seconds_each(calls: dict, repeats: int, before=lambda: None) -> dict:
@@ -54,7 +55,7 @@ def main() -> None:
     args = ap.parse_args()
     int4 = {"today": load_int4_kernel(), args.baseline: built_at(args.baseline, "inferd/models/int4_kernel.py",
                                                                   ("int4_linear",), ())}
-    int8 = {"today": load_int8_kernel(), args.baseline: built_at(args.baseline, "inferd/models/quant.py",
+    int8 = {"today": load_kernels(), args.baseline: built_at(args.baseline, "inferd/models/quant.py",
                                                                   ("int8_linear",), ())}
     assert int4["today"].int4_linear_bf16_native(), "needs AVX-512 BF16 and VNNI"
     model = load_model(None, progress=False)

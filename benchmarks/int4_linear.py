@@ -34,7 +34,8 @@ from benchmarks.quantization import save_report
 from inferd.models.int4 import Int4Linear, takes
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.loader import load_model
-from inferd.models.quant import Int8Linear, load_int8_kernel
+from inferd.models.quant import Int8Linear
+from inferd.kernels.variants import load_kernels
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -94,7 +95,7 @@ def main() -> None:
         torchs = [Int4Linear(as_linear(w), 1 << 30) for w in weights]
         targets["torch int4"] = (torchs, sum(layer.four_bit_bytes() for layer in torchs))
     else:
-        int8 = [Int8Linear(as_linear(w), load_int8_kernel(args.isa)) for w in weights]
+        int8 = [Int8Linear(as_linear(w), load_kernels(args.isa)) for w in weights]
         targets["int8"] = (int8, sum(layer.weight.nbytes + layer.scale.nbytes for layer in int8))
     targets[f"dense {DTYPE_NAMES[dtype]}"] = (dense, sum(w.numel() * dtype.itemsize for w in weights))
     targets = {name: ([layer.op(dtype) for layer in layers], b) for name, (layers, b) in targets.items()}  # as the engine calls them

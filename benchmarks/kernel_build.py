@@ -19,19 +19,14 @@ sys.path.insert(0, str(ROOT))
 from inferd.kernels.variants import SOURCES  # noqa: E402
 
 
-def sources_of(rev: str | None, into: Path) -> list[str]:
-    """The csrc files of rev (None: this tree) copied into `into`; the build's sources among them."""
+def sources_of(rev: str, into: Path) -> list[str]:
+    """The csrc files of rev copied into `into`; the build's sources among them."""
     into.mkdir(parents=True)
-    if rev is None:
-        names = [p.name for p in (ROOT / "inferd/kernels/csrc").iterdir()]
-        for name in names:
-            (into / name).write_bytes((ROOT / "inferd/kernels/csrc" / name).read_bytes())
-    else:
-        names = subprocess.run(["git", "ls-tree", "--name-only", rev, "inferd/kernels/csrc/"], cwd=ROOT, check=True,
-                               capture_output=True, text=True).stdout.split()
-        for path in names:
-            blob = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True).stdout
-            (into / Path(path).name).write_bytes(blob)
+    names = subprocess.run(["git", "ls-tree", "--name-only", rev, "inferd/kernels/csrc/"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for path in names:
+        blob = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True).stdout
+        (into / Path(path).name).write_bytes(blob)
     return [str(into / s) for s in SOURCES if (into / s).exists()]
 
 

@@ -41,10 +41,10 @@ def main() -> None:
 
 
 def one_row_bf16() -> None:
-    from inferd.models.cpu_kernels import load_cpp_kernels
+    from inferd.kernels.variants import load_kernels
     from inferd.models.packed import pair_weights
 
-    ops = load_cpp_kernels()
+    ops = load_kernels()
     if ops is None or not ops.one_row_linear_native():
         print("no one-row loop here (needs AVX-512 BF16)")
         return

@@ -29,7 +29,8 @@ import torch
 
 from benchmarks import limits
 from benchmarks.machine import cpu_name
-from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
+from inferd.models.cpu_kernels import TorchKernels
+from inferd.kernels.variants import load_kernels
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
@@ -92,7 +93,7 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="a git revision whose kernels to time beside today's")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    cpp = load_cpp_kernels()
+    cpp = load_kernels()
     assert cpp is not None, "the C++ kernels do not build here"
     baseline = built_at(args.baseline) if args.baseline else None
     bandwidth = round(statistics.median(limits.read_bandwidth() for _ in range(args.repeats)) / 1e9, 1)

@@ -24,7 +24,8 @@ import torch
 
 from benchmarks import limits
 from benchmarks.machine import cpu_name
-from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
+from inferd.models.cpu_kernels import TorchKernels
+from inferd.kernels.variants import load_kernels
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
@@ -61,7 +62,7 @@ def main() -> None:
     ap.add_argument("--isa", default="native", help="the kernels' variant (inferd.kernels.variants; avx2: the AVX2 loops alone)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    cpp = load_cpp_kernels(args.isa)
+    cpp = load_kernels(args.isa)
     assert cpp is not None, "the C++ kernels do not build here"
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     rows, peaks = [], {}

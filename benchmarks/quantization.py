@@ -4,7 +4,7 @@ kernels: all 121 linears of the model (30 x qkv, o, gate_up, down + lm_head) at 
 against the fp32 oneDNN prepacked path the engine uses, with the output error of each against fp32. bf16
 candidates (dense and int4) take bf16 activations, the others fp32.
 quality: the engine's model fp32 (reference) against int8, int4 (as the engine serves it: the kernel up to
-inferd.kernels.select's INT4 rows and dense bf16 weights above, lm_head int8 up to quant.HEAD_MAX_ROWS rows and bf16 above,
+inferd.kernels.select's INT4 rows and dense bf16 weights above, lm_head int8 up to select.INT8_HEAD_MAX_ROWS rows and bf16 above,
 so the 432-token text runs dense (and the 12 batched prompts too where max_rows is below 12); then the kernels and the int8 lm_head at every M;
 then lm_head 4-bit too) and bf16 (the dtype the issue named, for scale):
 logits on a fixed public-domain text (max abs diff, cosine, top-1 agreement, KL), its perplexity, and
@@ -38,7 +38,8 @@ from inferd.models.loader import load_model
 from inferd.models.int4 import Int4Linear, int4_available
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.packed import PACK_FOR_BATCH
-from inferd.models.quant import Int8Linear, SmallRowsInt8, load_int8_kernel, quantize_int8
+from inferd.models.quant import Int8Linear, SmallRowsInt8, quantize_int8
+from inferd.kernels.variants import load_kernels
 
 # Public domain: the opening of Dickens, A Tale of Two Cities (1859), and of the US Declaration of
 # Independence (1776).
@@ -287,7 +288,7 @@ def main() -> None:
         net = LlamaForCausalLM(model.config, 16)
         net.load_weights(model.weights)
         linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
-        result["kernels"] = bench_kernels(linears, [int(m) for m in args.sizes.split(",")], load_int8_kernel(),
+        result["kernels"] = bench_kernels(linears, [int(m) for m in args.sizes.split(",")], load_kernels(),
                                           args.candidates.split(",") if args.candidates else None)
         del net, linears
     if not args.skip_quality:

@@ -20,7 +20,8 @@ from benchmarks.machine import cpu_name
 from inferd.engine.request import SamplingParams
 from inferd.engine.sampler import Sampler
 from inferd.engine.sequence import Sequence
-from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
+from inferd.models.cpu_kernels import TorchKernels
+from inferd.kernels.variants import load_kernels
 
 VOCAB = 49152
 
@@ -52,7 +53,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     generator, rows = torch.Generator().manual_seed(0), []
-    cpp = load_cpp_kernels()
+    cpp = load_kernels()
     samplers = {"exponential_race": RaceSampler(seed=0), "inverse_cdf_torch": Sampler(seed=0, kernels=TorchKernels),
                 "inverse_cdf_cpp": Sampler(seed=0, kernels=cpp)}
     for b in map(int, args.batches.split(",")):

@@ -24,7 +24,8 @@ from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.llama import LlamaForCausalLM, StepInterrupted
 from inferd.models.packed import one_row_ops, pack_linears
 from inferd.models.cpu_kernels import kernels_for
-from inferd.models.quant import Int8Linear, SmallRowsInt8, load_int8_kernel, quantize_linears
+from inferd.models.quant import Int8Linear, SmallRowsInt8, quantize_linears
+from inferd.kernels.variants import load_kernels
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def resolve_quantization(name: str, dtype: str) -> str:
     choice = auto_quantization(dtype)
     if choice == "int4" and load_int4_kernel() is None and not (native_bf16() and dtype in ("auto", "bfloat16")):
         choice = "int8"  # int4's float32 rows need our AVX2 loops
-    if (choice == "int4" and not int4_available()) or (choice == "int8" and load_int8_kernel() is None):
+    if (choice == "int4" and not int4_available()) or (choice == "int8" and load_kernels() is None):
         return "none"
     return choice
 
@@ -125,11 +126,11 @@ class LLMEngine:
             kernel = kernel if kernel is not None and takes(kernel, rows) else None
             _, dense_above = int4_rule(str(rows).removeprefix("torch."), kernel is not None)
             quantize_int4_linears(net, dense_above, ("lm_head",), rows, kernel)
-            if (kernel := load_int8_kernel()) is not None:
+            if (kernel := load_kernels()) is not None:
                 head8 = Int8Linear(net.lm_head, kernel)
         net = net.to(self.dtype).eval()
         if self.quantization == "int8":
-            quantize_linears(net, load_int8_kernel())
+            quantize_linears(net, load_kernels())
         kernels = kernels_for(self.dtype, self.config.cpp_kernels)
         if self.config.pack_weights:  # one row: only where the linears are bf16 for every batch (int4: 4-bit first)
             one_row = self.quantization == "none" and self.config.one_row_weights

@@ -1,7 +1,7 @@
 """The kernels' Python face: what every op takes and returns (`Ops`, and `Kernels`, the compiled module's whole set),
 and the same small ops in plain torch (`TorchKernels`): the reference the C++ ones are tested against
 (tests/engine/test_cpu_kernels.py), and the path where there is none (no build for this CPU, INFERD_NO_CPP_KERNELS set,
-or a dtype they do not take). The compiled module (`inferd.kernels.variants.load`) is a `Kernels`; csrc/kernels.h
+or a dtype they do not take). The compiled module (`inferd.kernels.variants.load_kernels`) is a `Kernels`; csrc/kernels.h
 declares the same functions in C++.
 """
 from typing import Protocol

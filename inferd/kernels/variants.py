@@ -88,7 +88,7 @@ def resolve(isa: str = "native") -> str | None:
     return isa if isa in runnable(host_flags()) else None
 
 
-def load(isa: str = "native"):
+def load_kernels(isa: str = "native"):
     """The compiled kernels of a variant ("native": the best this CPU runs), or None where there are none: turned
     off, a CPU below AVX2 or one without that variant's instructions, or not built (torch's ops serve)."""
     if os.environ.get("INFERD_NO_CPP_KERNELS"):

@@ -24,7 +24,7 @@ INFERD_NO_CPP_KERNELS set, or a dtype they do not take).
 
 import torch
 
-from inferd.kernels.variants import load
+from inferd.kernels.variants import load_kernels
 from inferd.kernels.ops import TorchKernels
 
 DTYPES = (torch.float32, torch.bfloat16)  # what the C++ ops take
@@ -32,11 +32,6 @@ DTYPES = (torch.float32, torch.bfloat16)  # what the C++ ops take
 
 def kernels_for(dtype: torch.dtype, cpp: bool = True):
     """The C++ ops where they are wanted, take `dtype` and build here; else TorchKernels."""
-    module = load_cpp_kernels() if cpp and dtype in DTYPES else None
+    module = load_kernels() if cpp and dtype in DTYPES else None
     return TorchKernels if module is None else module
 
-
-def load_cpp_kernels(isa: str = "native"):
-    """The compiled kernels (inferd.kernels), or None where there are none here. `isa` other than this CPU's best
-    variant is for tests: "avx2" runs the AVX2 loops on an AVX-512 machine."""
-    return load(isa)

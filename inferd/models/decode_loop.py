@@ -15,15 +15,10 @@ runs. lm_head and the final norm stay in Python: one call each.
 """
 import torch
 
-from inferd.models.cpu_kernels import load_cpp_kernels
 
 GATE_UP = 2  # the index of the fused [gate; up] projection in a layer's linears
 
 
-def load_decode_loop(isa: str = "native"):
-    """The compiled kernels (inferd.kernels), whose make_plan and run_plan are the loop, or None where there are none
-    here (the Python loop serves)."""
-    return load_cpp_kernels(isa)
 
 
 class LayerPlan:

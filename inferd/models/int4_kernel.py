@@ -33,7 +33,7 @@ Panels are split across the threads.
 
 import torch
 
-from inferd.kernels.variants import load
+from inferd.kernels.variants import load_kernels
 
 GROUP = 32  # weights per (d, m) pair along K, as in Q4_1
 PANEL = 16  # output channels per panel: one AVX-512 register of float32
@@ -42,7 +42,7 @@ def load_int4_kernel(isa: str = "native"):
     """The compiled kernels (inferd.kernels) where there are some here (AVX2 and up), else None (torch's int4
     kernel serves bf16 rows). Their bf16 rows need AVX-512 BF16 (`int4_linear_bf16_native()`). `isa` other than
     this CPU's best variant is for tests and benchmarks: "avx2" runs the AVX2 loops alone on an AVX-512 machine."""
-    module = load(isa)
+    module = load_kernels(isa)
     return module if module is not None and module.int4_linear_fp32_native() else None
 
 

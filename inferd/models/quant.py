@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from inferd.kernels.select import INT8_HEAD_MAX_ROWS
-from inferd.kernels.variants import load
 from inferd.models.packed import linear_op
 
 log = logging.getLogger(__name__)
@@ -24,11 +23,6 @@ log = logging.getLogger(__name__)
 PANEL = 16  # output channels per panel: two AVX2 registers
 FUSED_MAX_M = 12  # up to this many rows widen the int8 weights in registers; more widen each panel once to fp32
 
-def load_int8_kernel(isa: str = "native"):
-    """The compiled kernels (inferd.kernels), or None where there are none here (below AVX2, or not built). `isa`
-    other than this CPU's best variant is for tests and benchmarks: "avx2" runs the AVX2 loops on an AVX-512
-    machine."""
-    return load(isa)
 
 
 # ---- weights
@@ -97,7 +91,6 @@ def quantize_linears(model: nn.Module, kernel=None) -> int:
     return count
 
 
-HEAD_MAX_ROWS = INT8_HEAD_MAX_ROWS
 
 
 class SmallRowsInt8(nn.Module):
@@ -105,7 +98,7 @@ class SmallRowsInt8(nn.Module):
     bf16's bytes and oneDNN's bf16 product is slow, and the dense module above. The engine's int4 model uses it
     for lm_head, whose 4-bit weights cost too much perplexity (benchmarks/quantization.py)."""
 
-    def __init__(self, int8: Int8Linear, dense: nn.Module, max_rows: int = HEAD_MAX_ROWS):
+    def __init__(self, int8: Int8Linear, dense: nn.Module, max_rows: int = INT8_HEAD_MAX_ROWS):
         super().__init__()
         self.int8, self.dense, self.max_rows = int8, dense, max_rows
         self.in_features, self.out_features = int8.in_features, int8.out_features

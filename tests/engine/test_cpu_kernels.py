@@ -5,10 +5,11 @@ import contextlib
 import pytest
 import torch
 
-from inferd.models.cpu_kernels import TorchKernels, kernels_for, load_cpp_kernels
+from inferd.models.cpu_kernels import TorchKernels, kernels_for
+from inferd.kernels.variants import load_kernels
 from inferd.models.packed import PackedLinear, one_row_ops
 
-cpp = load_cpp_kernels()
+cpp = load_kernels()
 pytestmark = pytest.mark.skipif(cpp is None, reason="no C++ kernels built for this CPU")
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -43,7 +44,7 @@ AVX2_TOO = ["native", pytest.param("avx2", marks=pytest.mark.skipif(
 # in one vector and across vectors), masked (-inf) tokens and a row of them only, one value throughout.
 @pytest.mark.parametrize("build", AVX2_TOO)
 def test_best_rows_takes_the_first_maximum_as_torch_does(build):
-    ops = load_cpp_kernels(build)
+    ops = load_kernels(build)
     gen = torch.Generator().manual_seed(1)
     for vocab in (1, 7, 16, 45, 1000, 49152):
         logits = torch.randn(9, vocab, generator=gen) * 3
@@ -62,7 +63,7 @@ def test_silu_mul_matches_torch(build, dtype, rows, n):
     g = torch.Generator().manual_seed(n)
     gate_up = randn(rows, 2 * n, dtype=dtype, g=g) * 4
     gate_up[0, :8] = torch.tensor([0.0, -0.0, 100.0, -100.0, 1e4, -1e4, 88.0, -88.0])  # e^-|g| from 1 to 0
-    kernels = cpp if build == "native" else load_cpp_kernels(build)
+    kernels = cpp if build == "native" else load_kernels(build)
     torch.testing.assert_close(kernels.silu_mul(gate_up), TorchKernels.silu_mul(gate_up), **tol(dtype))
 
 
@@ -205,7 +206,7 @@ def test_prefill_attention_with_blocks_of_16_and_a_moving_max_matches_torch(hd, 
                     reason="the AVX2 build is tested where the native one is AVX-512")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_paged_decode_avx2_loops_match_torch(dtype):
-    avx2 = load_cpp_kernels("avx2")
+    avx2 = load_kernels("avx2")
     for heads, kv_heads, hd in [(9, 3, 64), (10, 2, 128), (4, 4, 8)]:
         args = paged_decode_case(dtype, heads, kv_heads, hd)
         torch.testing.assert_close(avx2.paged_decode(*args), TorchKernels.paged_decode(*args), **tol(dtype))
@@ -238,7 +239,7 @@ def test_prefill_attention_matches_torch(dtype, heads, kv_heads, hd, n, ctx):
                     reason="the AVX2 build is tested where the native one is AVX-512")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_attention_in_the_avx2_build_matches_torch(dtype):  # SDPA there, the build's fallback
-    avx2 = load_cpp_kernels("avx2")
+    avx2 = load_kernels("avx2")
     for case in [(9, 3, 64, 37, 37), (9, 3, 64, 20, 150), (10, 2, 128, 48, 129), (4, 4, 8, 3, 9)]:
         q, k_cache, v_cache, *rest = prefill_case(dtype, *case)
         expected = TorchKernels.prefill_attention(q.float(), k_cache.float(), v_cache.float(), *rest)

@@ -3,15 +3,14 @@ import pytest
 import torch
 
 from inferd.engine.model_runner import Chunk
-from inferd.models.cpu_kernels import load_cpp_kernels
-from inferd.models.decode_loop import load_decode_loop
+from inferd.kernels.variants import load_kernels
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.llama import LlamaForCausalLM
 from tests.engine.test_engine import greedy, make_engine, prompts, run
 
-loop = load_decode_loop()
+loop = load_kernels()
 int4 = load_int4_kernel()
-cpp = load_cpp_kernels()
+cpp = load_kernels()
 pytestmark = pytest.mark.skipif(loop is None or cpp is None, reason="no C++ kernels built for this CPU")
 
 

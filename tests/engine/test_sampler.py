@@ -4,15 +4,16 @@ import torch
 from inferd.engine.request import SamplingParams
 from inferd.engine.sampler import Sampler
 from inferd.engine.sequence import Sequence
-from inferd.models.cpu_kernels import TorchKernels, load_cpp_kernels
+from inferd.models.cpu_kernels import TorchKernels
+from inferd.kernels.variants import load_kernels
 
 # the draw in torch and as the C++ op (skipped where it cannot be built)
 KERNELS = [pytest.param(TorchKernels, id="torch"),
-           pytest.param("cpp", id="cpp", marks=pytest.mark.skipif(load_cpp_kernels() is None, reason="no C++ ops"))]
+           pytest.param("cpp", id="cpp", marks=pytest.mark.skipif(load_kernels() is None, reason="no C++ ops"))]
 
 
 def kernels(which):
-    return load_cpp_kernels() if which == "cpp" else which
+    return load_kernels() if which == "cpp" else which
 
 
 def seqs(n: int, **params) -> list[Sequence]:
@@ -46,7 +47,7 @@ def test_draws_at_the_ends_of_the_unit_interval_take_tokens_with_probability(mon
 
 
 def test_the_cpp_draw_takes_the_tokens_the_torch_draw_takes():
-    ops = load_cpp_kernels()
+    ops = load_kernels()
     if ops is None:
         pytest.skip("no C++ ops")
     gen = torch.Generator().manual_seed(0)

@@ -64,7 +64,7 @@ def test_auto_quantization(cpu, dtype, expected):
     assert select.auto_quantization(dtype, frozenset(CPUS[cpu].split())) == expected
 
 
-needs_kernels = pytest.mark.skipif(variants.load() is None, reason="no C++ kernels built for this CPU")
+needs_kernels = pytest.mark.skipif(variants.load_kernels() is None, reason="no C++ kernels built for this CPU")
 
 
 @needs_kernels
@@ -90,7 +90,7 @@ def test_the_bf16_layers_built_here_run_what_the_plan_says():
     if not can_pack(torch.bfloat16):
         pytest.skip("oneDNN packs no bf16 weights on this CPU")
 
-    ops = one_row_ops(variants.load(), torch.bfloat16)
+    ops = one_row_ops(variants.load_kernels(), torch.bfloat16)
     for out in (48, 1040):
         layer = PackedLinear(nn.Linear(64, out).to(torch.bfloat16), ops)
         for rows in (1, 2, 64, 65):

@@ -56,15 +56,15 @@ def test_a_cap_that_names_no_variant_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="INFERD_KERNEL_ISA='haswell': expected one of avx2, avx512"):
         variants.cpu_flags()
     with pytest.raises(ValueError, match="unknown kernel variant 'sse'"):
-        variants.load("sse")
+        variants.load_kernels("sse")
 
 
 def test_a_variant_this_cpu_cannot_run_is_never_loaded(monkeypatch):
     above = [name for name in variants.VARIANTS if name not in variants.runnable(variants.host_flags())]
     for name in above:
-        assert variants.load(name) is None
+        assert variants.load_kernels(name) is None
     monkeypatch.setenv("INFERD_NO_CPP_KERNELS", "1")
-    assert variants.load() is None
+    assert variants.load_kernels() is None
 
 
 @pytest.mark.skipif(shutil.which("c++") is None or variants.best() is None,
@@ -74,9 +74,9 @@ def test_the_install_built_the_kernels_this_cpu_runs(monkeypatch):
     pass unseen: where a compiler and AVX2 are, every variant this CPU runs must load, and a cap loads its own."""
     monkeypatch.delenv("INFERD_NO_CPP_KERNELS", raising=False)
     monkeypatch.delenv("INFERD_KERNEL_ISA", raising=False)
-    built = {name: variants.load(name) for name in variants.runnable(variants.host_flags())}
+    built = {name: variants.load_kernels(name) for name in variants.runnable(variants.host_flags())}
     assert all(module is not None for module in built.values()), built
-    assert variants.load() is built[variants.best()]
+    assert variants.load_kernels() is built[variants.best()]
     assert built["avx2"].int4_linear_fp32_native() and not built["avx2"].int4_linear_bf16_native()
     monkeypatch.setenv("INFERD_KERNEL_ISA", "avx2")
-    assert variants.load() is built["avx2"]
+    assert variants.load_kernels() is built["avx2"]

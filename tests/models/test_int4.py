@@ -13,7 +13,8 @@ from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine, resolve_dtype, resolve_quantization
 from inferd.engine.request import SamplingParams
 from inferd.kernels.select import auto_quantization, int4_rule, native_bf16
-from inferd.models.quant import SmallRowsInt8, load_int8_kernel
+from inferd.models.quant import SmallRowsInt8
+from inferd.kernels.variants import load_kernels
 from inferd.models.int4 import GROUP, Int4Linear, dequantize_q4_1, int4_available, quantize_q4_1, takes
 from inferd.models.int4_kernel import load_int4_kernel, pack_panels
 from tests.engine.test_engine import run
@@ -347,7 +348,7 @@ def test_int4_engine_runs_and_agrees_with_fp32(dtype):
     assert sum(outputs[0][r][0] == outputs[1][r][0] for r in prompts) >= 8
 
 
-@pytest.mark.skipif(load_int8_kernel() is None, reason="no C++ kernels or no AVX2 here")
+@pytest.mark.skipif(load_kernels() is None, reason="no C++ kernels or no AVX2 here")
 def test_int4_engine_head_is_int8_for_one_sequence_and_agrees_with_its_dense_copy():
     model = tiny_loaded_model()
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

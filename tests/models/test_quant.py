@@ -7,12 +7,13 @@ from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
 from inferd.kernels.variants import cpu_flags
-from inferd.models.quant import Int8Linear, SmallRowsInt8, dequantize_int8, load_int8_kernel, quantize_int8
+from inferd.models.quant import Int8Linear, SmallRowsInt8, dequantize_int8, quantize_int8
+from inferd.kernels.variants import load_kernels
 from tests.engine.test_engine import run
 from tests.models.test_int4 import rounded_to
 from tests.tiny import tiny_loaded_model
 
-kernel = load_int8_kernel()
+kernel = load_kernels()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="no C++ toolchain or no AVX2 here")
 
 
@@ -32,7 +33,7 @@ def test_zero_channel_quantizes_to_zero():
 
 def built(build: str | None):
     """The int8 kernel of a build ("native", "avx2": also on AVX-512; None: torch's op), skipped where it is not."""
-    chosen = {"native": kernel, "avx2": load_int8_kernel("avx2"), None: None}[build]
+    chosen = {"native": kernel, "avx2": load_kernels("avx2"), None: None}[build]
     if build and chosen is None:
         pytest.skip(f"the {build} build does not build or run here")
     return chosen
@@ -121,7 +122,7 @@ def test_small_rows_int8_runs_int8_up_to_max_rows_and_the_dense_module_above():
     dense = nn.Linear(64, 40, bias=False, dtype=torch.bfloat16)
     with torch.no_grad():
         dense.weight.copy_(linear.weight)
-    head = SmallRowsInt8(Int8Linear(linear, load_int8_kernel()), dense, max_rows=3)
+    head = SmallRowsInt8(Int8Linear(linear, load_kernels()), dense, max_rows=3)
     q, scale = quantize_int8(linear.weight)
     for rows in (1, 3, 4):
         x = torch.randn(rows, 64).to(torch.bfloat16)
