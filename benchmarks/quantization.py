@@ -40,6 +40,7 @@ from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.packed import PACK_FOR_BATCH
 from inferd.models.quant import Int8Linear, SmallRowsInt8, quantize_int8
 from inferd.kernels.variants import load_kernels
+from inferd.kernels.select import bf16_weights
 
 # Public domain: the opening of Dickens, A Tale of Two Cities (1859), and of the US Declaration of
 # Independence (1776).
@@ -176,6 +177,8 @@ def bench_kernels(linears: list[nn.Linear], sizes: list[int], kernel, only: list
 
 # ---- quality
 
+AUTO_BF16_WEIGHTS = "float32 rows on bf16 weights (--dtype auto here)"  # inferd.kernels.select.bf16_weights
+
 @torch.inference_mode()
 def all_logits(model: LlamaForCausalLM, ids: list[int], block_size: int = 16) -> torch.Tensor:
     """fp32 logits of every position of one prompt, in one prefill over a private KV cache."""
@@ -297,6 +300,8 @@ def main() -> None:
                                             "int8 W8A8 fbgemm (rows scaled)": {"dtype": "float32",
                                                                                "w8a8_fbgemm": True},
                                             "bf16": {"dtype": "bfloat16", "quantization": "none"},
+                                            **({AUTO_BF16_WEIGHTS: {"dtype": "auto", "quantization": "none"}}
+                                               if bf16_weights() else {}),
                                             **({"int4": {"quantization": "int4"},
                                                 "int4, kernel at every M": {"quantization": "int4",
                                                                             "int4_max_rows": 1 << 30,

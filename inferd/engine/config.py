@@ -11,7 +11,8 @@ SCHEDULING_POLICIES = ("priority", "fcfs")
 
 @dataclass(slots=True)
 class EngineConfig:
-    dtype: str = setting("auto", "auto: bfloat16 where the CPU has native bf16 matmul, else float32", DTYPES)
+    dtype: str = setting("auto", "auto: bfloat16 where the CPU has native bf16 matmul, else float32 (on AVX2 "
+                         "without AVX-512, float32 rows on the weights kept in bfloat16)", DTYPES)
     max_num_seqs: int = setting(64, "sequences running at once")
     max_num_batched_tokens: int = setting(512, "tokens per step; longer prompts are prefilled in chunks "
                                           "(benchmarks/chunked_prefill.py)")

@@ -15,14 +15,14 @@ from inferd.engine.sampler import Sampler, prompt_logprobs
 from inferd.engine.spec_decode import SpecConfig, Speculator
 from inferd.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from inferd.engine.sequence import Sequence
-from inferd.kernels.select import auto_quantization, int4_rule, native_bf16
+from inferd.kernels.select import auto_quantization, bf16_weights, int4_rule, native_bf16
 from inferd.models.config import LoadedModel
 from inferd.models.cores import CoreShare, allowed_cpus
 from inferd.models.huge_pages import move_weights
 from inferd.models.int4 import int4_available, quantize_int4_linears, takes
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.llama import LlamaForCausalLM, StepInterrupted
-from inferd.models.packed import one_row_ops, pack_linears
+from inferd.models.packed import one_row_ops, pack_linears, panel_linears
 from inferd.models.cpu_kernels import kernels_for
 from inferd.models.quant import Int8Linear, SmallRowsInt8, quantize_linears
 from inferd.kernels.variants import load_kernels
@@ -43,6 +43,15 @@ def resolve_dtype(name: str, quantization: str = "none") -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
     return DTYPES[name]
+
+
+def uses_bf16_weights(config: EngineConfig, quantization: str, dtype: torch.dtype) -> bool:
+    """`--dtype auto` resolved to float32 without quantization keeps the linears' weights in bf16 where
+    inferd.kernels.select.bf16_weights says (our kernel there); an explicit float32 keeps float32 weights."""
+    if config.dtype != "auto" or quantization != "none" or dtype is not torch.float32 or not bf16_weights():
+        return False
+    kernels = kernels_for(torch.float32, config.cpp_kernels)
+    return hasattr(kernels, "bf16w_linear_native") and kernels.bf16w_linear_native()
 
 
 def resolve_quantization(name: str, dtype: str) -> str:
@@ -77,6 +86,7 @@ class LLMEngine:
         self.model_name = model.name
         self.quantization = resolve_quantization(config.quantization, config.dtype)
         self.dtype = resolve_dtype(config.dtype, self.quantization)
+        self.bf16_weights = uses_bf16_weights(config, self.quantization, self.dtype)  # float32 rows, bf16 weights
         mc = model.config
         if config.max_model_len and config.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's context length "
@@ -107,8 +117,8 @@ class LLMEngine:
         spec = SpecConfig(config.num_speculative_tokens)
         proposer = self._draft_model(draft) if config.speculative_model else None
         self.speculator = Speculator(spec, self.blocks, self.max_model_len, proposer) if spec.num_draft_tokens else None
-        log.info("engine: dtype=%s quantization=%s kv_blocks=%d block_size=%d max_model_len=%d prefix_caching=%s",
-                 self.dtype, self.quantization, num_blocks, config.block_size, self.max_model_len, "on" if config.enable_prefix_caching else "off")
+        log.info("engine: dtype=%s%s quantization=%s kv_blocks=%d block_size=%d max_model_len=%d prefix_caching=%s",
+                 self.dtype, " (weights bfloat16)" if self.bf16_weights else "", self.quantization, num_blocks, config.block_size, self.max_model_len, "on" if config.enable_prefix_caching else "off")
         if self.speculator is not None:
             log.info("speculative decoding: %d drafts per step from %s", spec.num_draft_tokens,
                      config.speculative_model or "prompt lookup")
@@ -132,7 +142,9 @@ class LLMEngine:
         if self.quantization == "int8":
             quantize_linears(net, load_kernels())
         kernels = kernels_for(self.dtype, self.config.cpp_kernels)
-        if self.config.pack_weights:  # one row: only where the linears are bf16 for every batch (int4: 4-bit first)
+        if self.bf16_weights:
+            panel_linears(net, kernels)
+        elif self.config.pack_weights:  # one row: only where the linears are bf16 for every batch (int4: 4-bit first)
             one_row = self.quantization == "none" and self.config.one_row_weights
             pack_linears(net, self.dtype, one_row_ops(kernels, self.dtype) if one_row else None)
         if head8 is not None:

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("norms.cpp", "decode_attention.cpp", "prefill_attention.cpp", "sampling.cpp", "linears_bf16.cpp",
-           "int4.cpp", "int8.cpp", "decode_loop.cpp", "bindings.cpp")
+           "linears_f32.cpp", "int4.cpp", "int8.cpp", "decode_loop.cpp", "bindings.cpp")
 # -ffast-math at compile time only (so that exp vectorizes; int4.cpp, int8.cpp and decode_loop.cpp turn it off by
 # pragma), not at link: no flush-to-zero start-up code in the process.
 COMMON_FLAGS = ("-O3", "-g0", "-fopenmp", "-ffast-math", "-fvisibility=hidden")  # -g0: Python's build flags carry -g

@@ -1,4 +1,5 @@
-"""Linear layers with weights prepacked once for oneDNN.
+"""Linear layers with weights prepacked once: for oneDNN (PackedLinear), or kept in bf16 for float32 rows on our
+AVX2 kernel (PanelLinear).
 
 F.linear (MKL) repacks the weight on every call; packing once is 1.1-2x faster
 for SmolLM2's linears on an AVX2 EPYC (benchmarks/linears.py). Where oneDNN
@@ -102,6 +103,55 @@ class PackedLinear(nn.Module):
         return run
 
 
+class PanelLinear(nn.Module):
+    """A linear whose weights are kept in bf16, in panels of 16 outputs (panel_weights), run on float32 rows by the C++
+    bf16w_linear at every row count: a decode step reads half the bytes of float32 weights (inferd.kernels.select's
+    bf16_weights says where). `kernels`: the compiled module."""
+
+    def __init__(self, linear: nn.Linear, kernels):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.kernels = kernels
+        self.panels = panel_weights(linear.weight.detach())
+        self.bias = EMPTY
+        if linear.bias is not None:
+            self.bias = torch.zeros(self.panels.shape[0] * 16)
+            self.bias[:self.out_features] = linear.bias.detach().float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.op(x.dtype)(x.reshape(-1, self.in_features).contiguous())
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _bound(self, name: str, n: int):
+        kernel, panels, bias = getattr(self.kernels, name), self.panels, self.bias
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            y = kernel(x, panels, bias)
+            return y if y.shape[1] == n else y[:, :n].contiguous()
+        return run
+
+    def op(self, dtype: torch.dtype):
+        return self._bound("bf16w_linear", self.out_features)
+
+    def gated_op(self, dtype: torch.dtype, silu):
+        """silu(gate) * up of this fused [gate; up] projection in one call where both halves are whole panels."""
+        if self.out_features % 32:
+            linear = self.op(dtype)
+            return lambda x: silu(linear(x))
+        return self._bound("bf16w_gated", self.out_features // 2)
+
+    def float_op(self, dtype: torch.dtype):
+        return self.op(dtype)  # float32 rows in, float32 out
+
+    def kernel_call(self, rows: int, dtype: torch.dtype, gated: bool = False):
+        """What the C++ decode loop calls (as PackedLinear.kernel_call): bf16w_linear, or bf16w_gated for a gated
+        projection whose halves are whole panels (else None)."""
+        if gated and self.out_features % 32:
+            return None
+        n = self.out_features // 2 if gated else self.out_features
+        return self.kernels, "bf16w_gated" if gated else "bf16w_linear", [self.panels, EMPTY, self.bias], n
+
+
 def linear_op(module: nn.Module, dtype: torch.dtype):
     """What a linear runs a 2-D contiguous input of `dtype` with: its own op(dtype) where it has one (prepacked,
     int4, int8: their kernel and weights bound once), else the module itself."""
@@ -136,6 +186,27 @@ def pair_weights(w: torch.Tensor) -> torch.Tensor:
     padded = torch.zeros(-(-n // 16) * 16, k, dtype=torch.bfloat16)
     padded[:n] = w
     return padded.view(-1, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+PANEL_ORDER = torch.tensor([0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])
+
+
+def panel_weights(w: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> bf16 [ceil(N / 16), K, 16]: for each input, 16 outputs' weights side by side, in the order that
+    widening a 256-bit load against zero (vpunpcklwd, vpunpckhwd) gives outputs 0-7 and 8-15; N padded with zero
+    rows. The layout of the C++ `bf16w_linear`."""
+    n, k = w.shape
+    padded = torch.zeros(-(-n // 16) * 16, k, dtype=torch.bfloat16)
+    padded[:n] = w
+    return padded.view(-1, 16, k)[:, PANEL_ORDER, :].permute(0, 2, 1).contiguous()
+
+
+def panel_linears(model: nn.Module, kernels) -> None:
+    """Replaces every nn.Linear of `model` (float32) by a PanelLinear on `kernels` (bf16 weights, float32 rows)."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, PanelLinear(child, kernels))
 
 
 def one_row_ops(kernels, dtype: torch.dtype):

@@ -7,7 +7,7 @@ import torch
 
 from inferd.models.cpu_kernels import TorchKernels, kernels_for
 from inferd.kernels.variants import load_kernels
-from inferd.models.packed import PackedLinear, one_row_ops
+from inferd.models.packed import PackedLinear, PanelLinear, one_row_ops, panel_weights
 
 cpp = load_kernels()
 pytestmark = pytest.mark.skipif(cpp is None, reason="no C++ kernels built for this CPU")
@@ -361,6 +361,57 @@ def test_a_projection_whose_halves_are_not_whole_panels_is_not_gated_in_one_op()
     assert torch.equal(layer.gated_op(torch.bfloat16, cpp.silu_mul)(x), cpp.silu_mul(layer(x)))
     with pytest.raises(RuntimeError, match="halves must be whole panels"):
         cpp.one_row_gated(x, layer.pairs[:3].contiguous(), torch.empty(0))
+
+
+needs_bf16w = pytest.mark.skipif(cpp is None or not cpp.bf16w_linear_native(), reason="no C++ kernels built here")
+
+
+def panel_layer(out_features: int, in_features: int, bias: bool) -> tuple[torch.nn.Linear, PanelLinear]:
+    """A random float32 linear whose weights are bf16 values, and its PanelLinear (the weights kept in bf16)."""
+    torch.manual_seed(out_features + in_features)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias)
+    linear.weight.data = linear.weight.data.bfloat16().float()
+    return linear, PanelLinear(linear, cpp)
+
+
+@needs_bf16w
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("out_features,in_features", [(576, 576), (40, 6), (16, 1536), (49, 10)])
+def test_float32_rows_on_bf16_weights_match_float64(out_features, in_features, bias):
+    linear, layer = panel_layer(out_features, in_features, bias)
+    g = torch.Generator().manual_seed(in_features)
+    for rows in (1, 2, 3, 4, 5, 8, 13, 70):  # blocks of 4 rows and every tail
+        x = randn(rows, in_features, dtype=torch.float32, g=g)
+        expected = torch.nn.functional.linear(x.double(), linear.weight.double(),
+                                              None if linear.bias is None else linear.bias.double())
+        y = layer(x)
+        assert y.dtype == torch.float32 and y.shape == (rows, out_features)
+        torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="contiguous float32 rows"):
+        cpp.bf16w_linear(torch.zeros(in_features, 2).t(), layer.panels, layer.bias)
+    with pytest.raises(RuntimeError, match="w must be"):
+        cpp.bf16w_linear(torch.zeros(1, in_features + 1), layer.panels, layer.bias)
+
+
+@needs_bf16w
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_a_gated_projection_on_bf16_weights_is_its_linear_then_silu_mul(rows):
+    _, layer = panel_layer(2 * 48, 64, True)
+    x = randn(rows, 64, dtype=torch.float32, g=torch.Generator().manual_seed(rows))
+    # the same float32 sums and vector silu; -ffast-math may contract the products differently where it is inlined
+    torch.testing.assert_close(layer.gated_op(torch.float32, cpp.silu_mul)(x), cpp.silu_mul(layer(x)), rtol=1e-6,
+                               atol=1e-7)
+    _, odd = panel_layer(2 * 40, 64, False)  # halves that are not whole panels: its linear, then silu_mul
+    assert odd.kernel_call(1, torch.float32, gated=True) is None
+    assert torch.equal(odd.gated_op(torch.float32, cpp.silu_mul)(x), cpp.silu_mul(odd(x)))
+
+
+def test_panel_weights_put_each_panels_outputs_in_the_widening_order():
+    w = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)  # output o, input k: 3 o + k
+    panels = panel_weights(w)
+    assert panels.shape == (2, 3, 16) and panels.dtype == torch.bfloat16
+    assert panels[0, 1].tolist() == [3 * o + 1 for o in (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)]
+    assert panels[1, 0, :4].tolist() == [48, 51, 54, 57] and not panels[1, :, 4:].any()  # outputs 16-19, then zeros
 
 
 def test_one_row_weights_only_for_bf16_on_the_cpp_ops():

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from inferd.engine.model_runner import Chunk
+from inferd.kernels.select import bf16_weights
 from inferd.kernels.variants import load_kernels
 from inferd.models.int4_kernel import load_int4_kernel
 from inferd.models.llama import LlamaForCausalLM
@@ -23,6 +24,8 @@ def formats():
         out.append(("bfloat16", "int4"))
     if cpp is not None and cpp.one_row_linear_native():
         out.append(("bfloat16", "none"))  # the one-row loop's weights: one row, or 2-64 where the CPU has AMX
+    if cpp is not None and cpp.bf16w_linear_native() and bf16_weights():
+        out.append(("auto", "none"))  # float32 rows on the weights kept in bf16, at every row count
     return out
 
 
@@ -38,7 +41,7 @@ def test_the_cpp_loop_gives_the_python_loops_tokens(dtype, quantization, monkeyp
     with_loop = run(engine, reqs)[0]
     loops = engine.runner.model._loops
     assert loops.get(1) is not None  # one row ran as one C++ call
-    if quantization == "int4" or cpp.amx_linear_native():  # at most 4 rows here: a kernel at every size
+    if quantization == "int4" or dtype == "auto" or cpp.amx_linear_native():  # at most 4 rows: a kernel at each
         assert len(loops) > 1 and all(plan is not None for plan in loops.values())
     python_loop_only(monkeypatch)
     assert run(make_engine(dtype=dtype, quantization=quantization, max_num_seqs=4), reqs)[0] == with_loop

@@ -64,6 +64,12 @@ def test_auto_quantization(cpu, dtype, expected):
     assert select.auto_quantization(dtype, frozenset(CPUS[cpu].split())) == expected
 
 
+@pytest.mark.parametrize("cpu,expected", [("avx2", True), ("skylake_x", False), ("zen4", False),
+                                          ("sapphire_rapids", False), ("old", False)])
+def test_bf16_weights_for_float32_rows_where_avx2_is_the_widest(cpu, expected):
+    assert select.bf16_weights(frozenset(CPUS[cpu].split())) is expected
+
+
 needs_kernels = pytest.mark.skipif(variants.load_kernels() is None, reason="no C++ kernels built for this CPU")
 
 

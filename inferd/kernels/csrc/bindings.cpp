@@ -12,6 +12,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   DEF(best_rows); DEF(sample_rows);
   DEF(one_row_linear_native); DEF(one_row_linear); DEF(one_row_gated); DEF(one_row_linear_f32);
   DEF(amx_linear_native); DEF(amx_linear); DEF(amx_gated); DEF(amx_linear_f32);
+  DEF(bf16w_linear_native); DEF(bf16w_linear); DEF(bf16w_gated);
   DEF(int4_linear_bf16_native); DEF(int4_linear_fp32_native); DEF(int4_linear); DEF(int4_linear_int8);
   DEF(int8_linear);
   DEF(make_plan); DEF(drop_plan); DEF(run_plan); DEF(plan_linears);

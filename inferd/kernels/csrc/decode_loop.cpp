@@ -11,21 +11,24 @@ using T = at::Tensor;
 
 // the linears a plan calls, by their index in a plan's ints; *_gated return silu(gate) * up of the fused [gate; up]
 // projection (N: half its outputs), so that the loop takes no silu_mul after them
-enum Fn : int64_t { INT4_LINEAR, INT4_LINEAR_INT8, ONE_ROW_LINEAR, ONE_ROW_GATED, AMX_LINEAR, AMX_GATED, FNS };
+enum Fn : int64_t {
+  INT4_LINEAR, INT4_LINEAR_INT8, ONE_ROW_LINEAR, ONE_ROW_GATED, AMX_LINEAR, AMX_GATED, BF16W_LINEAR, BF16W_GATED, FNS
+};
 static const char* const FN_NAMES[FNS] = {"int4_linear", "int4_linear_int8", "one_row_linear", "one_row_gated",
-                                          "amx_linear", "amx_gated"};
+                                          "amx_linear", "amx_gated", "bf16w_linear", "bf16w_gated"};
 
 std::vector<std::string> plan_linears() { return {FN_NAMES, FN_NAMES + FNS}; }
 
 struct Linear {
   int64_t fn, n;
   T w, dm, bias;  // (x, nibbles, dm, bias, N) for int4; (x, pairs, bias) with N padded to 16 for the others
-  bool gated() const { return fn == ONE_ROW_GATED || fn == AMX_GATED; }
+  bool gated() const { return fn == ONE_ROW_GATED || fn == AMX_GATED || fn == BF16W_GATED; }
   T operator()(const T& x) const {
     if (fn == INT4_LINEAR) return int4_linear(x, w, dm, bias, n);
     if (fn == INT4_LINEAR_INT8) return int4_linear_int8(x, w, dm, bias, n);
     T y = fn == ONE_ROW_LINEAR ? one_row_linear(x, w, bias) : fn == ONE_ROW_GATED ? one_row_gated(x, w, bias)
-          : fn == AMX_LINEAR ? amx_linear(x, w, bias) : amx_gated(x, w, bias);
+          : fn == AMX_LINEAR ? amx_linear(x, w, bias) : fn == AMX_GATED ? amx_gated(x, w, bias)
+          : fn == BF16W_LINEAR ? bf16w_linear(x, w, bias) : bf16w_gated(x, w, bias);
     return y.size(1) == n ? y : y.narrow(1, 0, n).contiguous();
   }
 };

@@ -34,6 +34,11 @@ Tensor amx_linear(Tensor x, Tensor w, Tensor bias);
 Tensor amx_gated(Tensor x, Tensor w, Tensor bias);
 Tensor amx_linear_f32(Tensor x, Tensor w, Tensor bias);
 
+// linears_f32.cpp: float32 rows through weights kept in bf16, AVX2 (inferd/models/packed.py, panel_weights)
+bool bf16w_linear_native();
+Tensor bf16w_linear(Tensor x, Tensor w, Tensor bias);
+Tensor bf16w_gated(Tensor x, Tensor w, Tensor bias);
+
 // int4.cpp: Q4_1 linears, (x, nibbles, dm, bias, N)
 bool int4_linear_bf16_native();
 bool int4_linear_fp32_native();
