@@ -2,8 +2,10 @@
 in turn, on the same machine, the load generator's processes on the same cores.
 
 guidellm (its own venv: `python3.11 -m venv ../venv-lg && ../venv-lg/bin/pip install guidellm`) sends requests at
-a constant rate (--rates, requests/s) for --seconds, synthetic prompts of --prompt-tokens and --output-tokens
-counted with the model's own tokenizer (inferd's Hugging Face export of the packaged SmolLM2; no hub). Each target
+a constant rate (--rates, requests/s) for --seconds, prompts of --prompt-tokens asking for --output-tokens, counted
+with the model's own tokenizer (inferd's Hugging Face export of the packaged SmolLM2; no hub). The prompts are a file
+written before the timed part (--data file, the default): guidellm's synthetic prompts (--data synthetic) are made
+while it sends, and its data worker then kept a core busy beside the servers. Each target
 serves the same weights with the same limits (served_decode.py's SETTINGS): `inferd serve` with its default
 deployment (threads follow the free cores), and vLLM CPU started as inferd's vLLM runtime starts it. Rounds take
 turns, each starting with the next target; medians of the rounds of guidellm's own TTFT and ITL percentiles.
@@ -35,17 +37,39 @@ from inferd.models.loader import default_model_path
 FORMAT = "auto:none"  # inferd serve's default deployment
 
 
+WORDS = "apple river stone cloud maple violet copper meadow lantern harbor".split()
+
+
+def prompt_file(work: Path, tokenizer_dir: Path, count: int, prompt_tokens: int, output_tokens: int) -> Path:
+    """`count` distinct prompts of exactly `prompt_tokens` tokens (the model's tokenizer), each asking for
+    `output_tokens`, as JSON lines in guidellm's columns."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    path = work / "prompts.jsonl"
+    with path.open("w") as f:
+        for i in range(count):
+            words = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(prompt_tokens * 2))
+            ids = tok(f"{i}: {words}", add_special_tokens=False)["input_ids"][:prompt_tokens]
+            f.write(json.dumps({"prompt": tok.decode(ids), "prompt_tokens_count": prompt_tokens,
+                                "output_tokens_count": output_tokens}) + "\n")
+    return path
+
+
 def guidellm(binary: str, url: str, key: str, model: str, tokenizer: Path, rate: float, seconds: float,
-             prompt_tokens: int, output_tokens: int, work: Path) -> dict:
-    """One guidellm run at a constant rate; its TTFT and ITL percentiles (ms), requests completed and errored."""
+             prompt_tokens: int, output_tokens: int, work: Path, prompts: Path | None) -> dict:
+    """One guidellm run at a constant rate; its TTFT and ITL percentiles (ms), requests completed and errored.
+    prompts: a file of them (prompt_file), else guidellm's synthetic ones."""
     out = work / f"guidellm-{model}-{rate:g}.json"
+    data = {"kind": "json_file", "path": str(prompts)} if prompts else \
+        {"kind": "synthetic_text", "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}
     scenario = {"spec": {
         "backend": {"kind": "openai_http", "target": url, "model": model, "api_key": key,
                     "request_format": "/v1/chat/completions"},
         "profile": {"kind": "constant", "rate": [rate]},
         "constraints": [{"kind": "max_duration", "seconds": seconds}],
         "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
-        "data": [{"kind": "synthetic_text", "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}],
+        "data": [data],
         "outputs": [{"kind": "json", "path": str(out)}]}}
     (work / "scenario.json").write_text(json.dumps(scenario))
     run = subprocess.run([binary, "run", "--scenario", str(work / "scenario.json"), "--disable-console-interactive"],
@@ -77,12 +101,15 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--data", choices=("file", "synthetic"), default="file")
     ap.add_argument("--note", default="", help="what else ran on the machine")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     work = Path(tempfile.mkdtemp(prefix="load-generators-"))
     tokenizer = exported_dir(default_model_path())
+    prompts = prompt_file(work, tokenizer, int(max(rates) * args.seconds) + 16, args.prompt_tokens,
+                          args.output_tokens) if args.data == "file" else None
     stops: list = []
     try:
         serve, url = start_serve(work, [FORMAT])
@@ -103,7 +130,7 @@ def main() -> None:
                 for rate in rates:
                     quiet()
                     got = guidellm(args.guidellm, *targets[name], tokenizer, rate, args.seconds, args.prompt_tokens,
-                                   args.output_tokens, work)
+                                   args.output_tokens, work, prompts)
                     runs[name][f"{rate:g}"].append(got)
                     print(f"round {i} {name} {rate:g}/s: {json.dumps(got)}", file=sys.stderr, flush=True)
     finally:
@@ -131,7 +158,8 @@ def main() -> None:
 def markdown(r: dict) -> str:
     s, m = r["settings"], r["machine"]
     lines = [f"# guidellm against inferd serve and vLLM CPU ({r['date']})", "",
-             f"{m['cpu']}, {m['cores']} cores; {s['prompt_tokens']} in / {s['output_tokens']} out, constant rate, "
+             f"{m['cpu']}, {m['cores']} cores; {s['prompt_tokens']} in / {s['output_tokens']} out (prompts: "
+             f"{s.get('data', 'synthetic')}), constant rate, "
              f"{s['seconds']:g} s a run, {s['rounds']} rounds, medians; {m['shared']}.", "",
              "| rate req/s | target | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms | requests done |",
              "|---|---|---|---|---|---|---|"]
