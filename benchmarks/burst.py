@@ -7,7 +7,12 @@ read. Admitted requests stream (their status line is their first token's head) a
 after --wait-s if it has not (those still queued: "waiting").
 Rounds take turns with a pause for the server to settle; medians of the rounds' percentiles.
 
+--floor sends the same bursts to a bare ASGI app on uvicorn (as `inferd serve` runs it: httptools, uvloop) that
+reads each body, parses its JSON and refuses it 429 with no other work: what the HTTP server and this client cost
+on this machine, the least any app behind uvicorn can answer the burst in.
+
     PYTHONPATH=. .venv/bin/python benchmarks/burst.py --out benchmarks/results/burst.json
+    PYTHONPATH=. .venv/bin/python benchmarks/burst.py --floor --out benchmarks/results/burst-floor.json
 """
 import argparse
 import asyncio
@@ -71,6 +76,31 @@ async def burst(port: int, n: int, prompt_words: int, wait_s: float) -> dict:
             "admitted_first_token_ms": {"p50": quantile(admitted, 0.5), "p99": quantile(admitted, 0.99)}}
 
 
+FLOOR_APP = """
+import json, sys, uvicorn
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        return await send({"type": "lifespan.shutdown.complete"})
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["path"] != "/ready":
+        json.loads(body)
+    status = 200 if scope["path"] == "/ready" else 429
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]})
+    await send({"type": "http.response.body", "body": b'{"error":{"message":"refused","type":"rate_limit"}}'})
+
+uvicorn.run(app, port=int(sys.argv[1]), log_level="warning", access_log=False)
+"""
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=400)
@@ -81,6 +111,7 @@ def main() -> None:
     p.add_argument("--serve-args", default="", help="more `inferd serve` flags")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--machine-note", default="", help="what else ran on the machine, for the report")
+    p.add_argument("--floor", action="store_true", help="a bare ASGI app on uvicorn that refuses everything")
     args = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="inferd-burst-"))
     command = [sys.executable, "-m", "inferd.cli", "serve", str(default_model_path()), "--port", str(args.port),
@@ -88,10 +119,13 @@ def main() -> None:
                "--usage-journal", str(folder / "usage.journal"), "--embedding-model", "none",
                "--classical-model", "none", "--policy-model", "none", "--log-level", "warning",
                *args.serve_args.split()]
-    store = Store(f"sqlite:///{folder / 'inferd.db'}")  # the key's tenant, with no concurrency limit to hit first
-    store.migrate()
-    store.create_tenant("default", limits={"max_concurrency": 100_000})
-    store.close()
+    if args.floor:
+        command = [sys.executable, "-c", FLOOR_APP, str(args.port)]
+    else:
+        store = Store(f"sqlite:///{folder / 'inferd.db'}")  # the key's tenant, with no concurrency limit to hit first
+        store.migrate()
+        store.create_tenant("default", limits={"max_concurrency": 100_000})
+        store.close()
     proc = started_server(command, f"http://127.0.0.1:{args.port}/ready", {"PYTHONPATH": str(ROOT)}, "inferd-burst")
     rounds = []
     try:

@@ -40,17 +40,18 @@ FORMAT = "auto:none"  # inferd serve's default deployment
 WORDS = "apple river stone cloud maple violet copper meadow lantern harbor".split()
 
 
-def prompt_file(work: Path, tokenizer_dir: Path, count: int, prompt_tokens: int, output_tokens: int) -> Path:
-    """`count` distinct prompts of exactly `prompt_tokens` tokens (the model's tokenizer), each asking for
-    `output_tokens`, as JSON lines in guidellm's columns."""
+def prompt_file(work: Path, tokenizer_dir: Path, count: int, prompt_tokens: int, output_tokens: int, run: str) -> Path:
+    """`count` prompts of exactly `prompt_tokens` tokens (the model's tokenizer), each asking for `output_tokens`, as
+    JSON lines in guidellm's columns; each starts with `run` and its number, so that no run finds another's in a
+    prefix cache."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    path = work / "prompts.jsonl"
+    path = work / f"prompts-{run}.jsonl"
     with path.open("w") as f:
         for i in range(count):
             words = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(prompt_tokens * 2))
-            ids = tok(f"{i}: {words}", add_special_tokens=False)["input_ids"][:prompt_tokens]
+            ids = tok(f"{run} {i}: {words}", add_special_tokens=False)["input_ids"][:prompt_tokens]
             f.write(json.dumps({"prompt": tok.decode(ids), "prompt_tokens_count": prompt_tokens,
                                 "output_tokens_count": output_tokens}) + "\n")
     return path
@@ -108,8 +109,6 @@ def main() -> None:
     rates = [float(r) for r in args.rates.split(",")]
     work = Path(tempfile.mkdtemp(prefix="load-generators-"))
     tokenizer = exported_dir(default_model_path())
-    prompts = prompt_file(work, tokenizer, int(max(rates) * args.seconds) + 16, args.prompt_tokens,
-                          args.output_tokens) if args.data == "file" else None
     stops: list = []
     try:
         serve, url = start_serve(work, [FORMAT])
@@ -128,6 +127,8 @@ def main() -> None:
         for i in range(args.rounds):
             for name in names[i % len(names):] + names[:i % len(names)]:
                 for rate in rates:
+                    prompts = prompt_file(work, tokenizer, int(rate * args.seconds) + 16, args.prompt_tokens,
+                                          args.output_tokens, f"{i}-{name}-{rate:g}") if args.data == "file" else None
                     quiet()
                     got = guidellm(args.guidellm, *targets[name], tokenizer, rate, args.seconds, args.prompt_tokens,
                                    args.output_tokens, work, prompts)

@@ -380,7 +380,7 @@ def panel_layer(out_features: int, in_features: int, bias: bool) -> tuple[torch.
 def test_float32_rows_on_bf16_weights_match_float64(out_features, in_features, bias):
     linear, layer = panel_layer(out_features, in_features, bias)
     g = torch.Generator().manual_seed(in_features)
-    for rows in (1, 2, 3, 4, 5, 8, 13, 70):  # blocks of 4 rows and every tail
+    for rows in (0, 1, 2, 3, 4, 5, 8, 13, 70):  # none (a prefill chunk wanting no logits), blocks of 4 and each tail
         x = randn(rows, in_features, dtype=torch.float32, g=g)
         expected = torch.nn.functional.linear(x.double(), linear.weight.double(),
                                               None if linear.bias is None else linear.bias.double())

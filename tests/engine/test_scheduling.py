@@ -2,6 +2,8 @@
 prompts that join a step in flight."""
 import asyncio
 import threading
+
+import pytest
 from collections import defaultdict
 
 from inferd.engine.async_engine import AsyncEngine
@@ -203,6 +205,32 @@ def test_prompts_that_arrive_mid_step_are_prefilled_there_at_any_layer_and_chang
                 tokens[out.request_id] += out.token_ids
         assert_no_leak(engine)
         assert dict(tokens) == alone, f"joined before layer {layer}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "auto"])  # auto on AVX2: the weights kept in bf16, our kernel
+def test_an_arrival_whose_prefill_inside_the_step_wants_no_logits_yet_changes_no_output(dtype):
+    short, long = prompts(2, seed=41)
+    long = long * 30  # more than the step's budget leaves it: the nested chunk ends mid-prompt, no logits (0 rows)
+    reqs = {"short": (short, greedy(4)), "long": (long, greedy(4))}
+    alone = {rid: outputs(make_engine(dtype=dtype), {rid: (ids, p, 0)})[0][rid] for rid, (ids, p) in reqs.items()}
+    engine, tokens, nested = make_engine(max_num_batched_tokens=48, dtype=dtype), defaultdict(list), []
+    engine.add_request("short", *reqs["short"])
+    for out in engine.step():
+        tokens[out.request_id] += out.token_ids
+
+    def added():
+        if "long" in engine.seqs:
+            return False
+        engine.add_request("long", *reqs["long"])
+        return True
+    for out in engine.step(arrivals=Arrivals(added, nested.extend)):
+        tokens[out.request_id] += out.token_ids
+    assert engine.num_nested_prefills == 1 and not nested  # its first chunk ran inside the step, with no output
+    while engine.has_work():
+        for out in engine.step():
+            tokens[out.request_id] += out.token_ids
+    assert_no_leak(engine)
+    assert dict(tokens) == alone
 
 
 def test_a_worse_class_or_a_grammar_does_not_join_a_step():

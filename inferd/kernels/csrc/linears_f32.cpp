@@ -85,8 +85,8 @@ static void panel_all_rows(const float* x, int64_t M, int64_t K, const bf16* pan
 // [gate; up] projection (its two halves whole panels), y [M, P * 8] = silu(gate) up
 static at::Tensor bf16w(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool gated) {
   TORCH_CHECK(bf16w_linear_native(), "bf16w_linear needs a build with AVX2 and FMA");
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "x must be contiguous float32 rows");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be contiguous float32 rows");  // no rows at all too: a prefill chunk that wants no logits
   TORCH_CHECK(w.dim() == 3 && w.size(2) == 16 && w.scalar_type() == at::kBFloat16 && w.is_contiguous()
               && w.size(1) == x.size(1), "w must be [N / 16, K, 16] bfloat16");
   const int64_t P = w.size(0), M = x.size(0), K = x.size(1);
