@@ -1,21 +1,25 @@
 """Served decode beside other work: `inferd serve` and vLLM CPU in turn, each alone, beside a busy process and
-beside another model kind under load; and the embedding model beside text decode. One table.
+beside another model kind under load; and the other kinds beside text decode. One table.
 
 Targets (started once, taking turns in every round, each round starting one further along, so that the machine's
 drift and the order fall on all):
   serve:<fmt>  one `inferd serve --config` with a text deployment per format (served_decode.py's formats: e.g.
                auto:none, the default; auto:none+num_threads=1; auto:none+adapt_threads=false, the engine before
-               it followed the free cores) and the default embedding deployment (all-MiniLM-L6-v2)
+               it followed the free cores) and the default embedding, classical and policy deployments
+               (all-MiniLM-L6-v2, iris-classifier, reacher-bc)
   vllm         vLLM CPU's own server on the same weights, started as inferd's vLLM runtime starts it
 Conditions:
   alone   nothing else runs
   busy    one Python busy loop (a CPU-bound neighbour)
   embed   a client keeps inferd's embedding model busy (256 texts of ~40 tokens a request, one after another)
+  classical, policy   clients keep the classical model (single rows) or the robot policy busy (KIND_CLIENT)
 Decode tok/s at --batches streams (served_decode.py's light client and window); each condition's rate over the
-same target's rate alone in the same round; medians over rounds. Then the embedding model's texts/s alone and
-beside 8 streams of the default text deployment (the reverse of `embed`).
+same target's rate alone in the same round; medians over rounds. Then each of --kinds alone and beside 8 streams of
+the first text target (the reverse of its condition).
 
     PYTHONPATH=. .venv/bin/python benchmarks/neighbours.py --out benchmarks/results/neighbours.json
+    PYTHONPATH=. .venv/bin/python benchmarks/neighbours.py --formats auto:none --vllm-python none \
+        --conditions alone,classical,policy --kinds classical,policy --out benchmarks/results/neighbours-kinds.json
 """
 import argparse
 import asyncio
@@ -32,42 +36,78 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine import PROMPT_LEN, random_prompts
-from benchmarks.machine import cpu_name, loadavg
-from benchmarks.served_decode import (KEY, SETTINGS, Served, decode_window, deployment_name, quiet, serve_spec,
+from benchmarks.machine import ROOT, cpu_name, loadavg
+from benchmarks.served_decode import (KEY, SETTINGS, Served, deployment_name, quiet, serve_spec,
                                       start_serve, streams)
 from inferd.control.runtimes import RuntimeProcess
 from inferd.control.runtimes import EngineChoice
 from inferd.engine.config import EngineConfig
+from inferd.classical.demo import DEMO_NAME as CLASSICAL_NAME
 from inferd.models.sentence import DEFAULT_EMBEDDING_NAME
+from inferd.policy.demo import DEMO_NAME as POLICY_NAME
 
-CONDITIONS = ("alone", "busy", "embed")
+CONDITIONS = ("alone", "busy", "embed")  # also "classical" and "policy": those kinds' clients under load
+KINDS = ("embed", "classical", "policy")  # the other kinds of the same `inferd serve`, each with a client below
 BUSY = "while True: pass"
-# an embedding client in its own process (its work is not the decode client's): texts/s after its first second
-EMBED_CLIENT = """
-import sys, time, httpx
-url, key, model, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-texts = [f"{i} " + "the quick brown fox jumps over the lazy dog " * 4 for i in range(256)]
-done, start, end = 0, time.monotonic() + 1.0, time.monotonic() + seconds
-with httpx.Client(timeout=120) as c:
+# Another kind's client in a process of its own (its work is not the decode client's), --workers of them in threads,
+# each a request after another: units a second (texts, predictions, observations answered) after its first second.
+# embed: 256 texts of ~40 tokens a request; classical: one row of the demo classifier a request; policy: one
+# observation of the demo reacher a call, over openpi's WebSocket client, each worker a session of its own.
+KIND_CLIENT = """
+import sys, threading, time
+kind, url, key, seconds, workers = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+start, end = time.monotonic() + 1.0, time.monotonic() + seconds
+done = [0] * workers
+
+def embed(i):
+    import httpx
+    texts = [f"{i} {n} " + "the quick brown fox jumps over the lazy dog " * 4 for n in range(256)]
+    with httpx.Client(timeout=120) as c:
+        while time.monotonic() < end:
+            c.post(f"{url}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": texts},
+                   headers={"authorization": f"Bearer {key}"}).raise_for_status()
+            done[i] += len(texts) if time.monotonic() > start else 0
+
+def classical(i):
+    import httpx
+    row = {"sepal_length_cm": 5.1, "sepal_width_cm": 3.5, "petal_length_cm": 1.4, "petal_width_cm": 0.2}
+    with httpx.Client(timeout=120) as c:
+        while time.monotonic() < end:
+            c.post(f"{url}/v1/predict", json={"model": "iris-classifier", "inputs": [row]},
+                   headers={"authorization": f"Bearer {key}"}).raise_for_status()
+            done[i] += time.monotonic() > start
+
+def policy(i):
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+    from inferd.policy.sim import ReacherTask
+    robot = ReacherTask(seed=i)
+    client = WebsocketClientPolicy(url.replace("http://", "ws://") + "/v1/policies/reacher-bc/ws", api_key=key)
     while time.monotonic() < end:
-        r = c.post(f"{url}/v1/embeddings", json={"model": model, "input": texts},
-                   headers={"authorization": f"Bearer {key}"})
-        r.raise_for_status()
-        if time.monotonic() > start:
-            done += len(texts)
-print(done / max(time.monotonic() - start, 1e-9))
+        if robot.steps >= 50:
+            robot.reset(robot.steps + i)
+        robot.step(client.infer(robot.observation())["actions"][0])
+        done[i] += time.monotonic() > start
+    client._ws.close()
+
+threads = [threading.Thread(target=globals()[kind], args=(i,)) for i in range(workers)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(sum(done) / max(time.monotonic() - start, 1e-9))
 """
+WORKERS = {"embed": 1, "classical": 4, "policy": 4}
 
 
-def embed_client(url: str, seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", EMBED_CLIENT, url, KEY, DEFAULT_EMBEDDING_NAME, str(seconds)],
-                            stdout=subprocess.PIPE, text=True)
+def kind_client(kind: str, url: str, seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", KIND_CLIENT, kind, url, KEY, str(seconds), str(WORKERS[kind])],
+                            stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
 
 
-def texts_per_s(client: subprocess.Popen) -> float:
+def units_per_s(client: subprocess.Popen) -> float:
     out, _ = client.communicate(timeout=600)
     if client.returncode != 0:
-        raise RuntimeError("the embedding client failed")
+        raise RuntimeError("a neighbouring kind's client failed")
     return round(float(out.strip()), 1)
 
 
@@ -76,8 +116,8 @@ def decode_beside(target: Served, condition: str, batch: int, seed: int, vocab: 
     neighbour = None
     if condition == "busy":
         neighbour = subprocess.Popen([sys.executable, "-c", BUSY])
-    elif condition == "embed":
-        neighbour = embed_client(embed_url, 3600)
+    elif condition in KINDS:
+        neighbour = kind_client(condition, embed_url, 3600)
     try:
         if neighbour is not None:
             time.sleep(1.5)  # the neighbour is running (and the engine has seen it)
@@ -88,14 +128,14 @@ def decode_beside(target: Served, condition: str, batch: int, seed: int, vocab: 
             neighbour.wait()
 
 
-def embed_beside_decode(url: str, text: Served, seconds: float, vocab: int, seed: int) -> float:
-    """The embedding client's texts/s while 8 text streams decode (they run longer than the client)."""
+def kind_beside_decode(kind: str, url: str, text: Served, seconds: float, vocab: int, seed: int) -> float:
+    """A kind's client's units/s while 8 text streams decode (they run longer than the client)."""
     async def both() -> float:
         prompts = random_prompts(8, PROMPT_LEN, vocab, seed=seed)
         decode = asyncio.ensure_future(streams(text.url, text.key, text.model, prompts, 2048, text.client))
         await asyncio.sleep(1.5)
-        client = embed_client(url, seconds)
-        rate = await asyncio.to_thread(texts_per_s, client)
+        client = kind_client(kind, url, seconds)
+        rate = await asyncio.to_thread(units_per_s, client)
         decode.cancel()
         try:
             await decode
@@ -113,7 +153,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--conditions", default=",".join(CONDITIONS))
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--embed-seconds", type=float, default=8.0)
+    ap.add_argument("--kinds", default="embed", help="the other kinds whose rate is measured alone and beside 8 text "
+                    "streams (embed, classical, policy)")
+    ap.add_argument("--embed-seconds", type=float, default=8.0, help="each such measure's length")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -121,8 +163,11 @@ def main() -> None:
     conditions = args.conditions.split(",")
     vocab = 49152
     work = Path(tempfile.mkdtemp(prefix="neighbours-"))
+    kinds = [k for k in args.kinds.split(",") if k]
     spec = serve_spec(formats) + (f"  - name: {DEFAULT_EMBEDDING_NAME}\n    kind: embedding\n"
-                                  "    model: {source: default}\n")
+                                  "    model: {source: default}\n"
+                                  f"  - name: {CLASSICAL_NAME}\n    kind: classical\n    model: {{source: default}}\n"
+                                  f"  - name: {POLICY_NAME}\n    kind: policy\n    model: {{source: default}}\n")
     stops: list = []
     try:
         serve, url = start_serve(work, formats, spec)
@@ -137,9 +182,10 @@ def main() -> None:
             targets.append(Served("vllm", vllm.url, vllm.api_key, "smol-vllm", "light"))
         for t in targets:
             t.decode(2, seed=999, vocab=vocab, new_tokens=8)  # warm-up
-        texts_per_s(embed_client(url, 2.0))
+        for kind in set(kinds) | {c for c in conditions if c in KINDS}:
+            units_per_s(kind_client(kind, url, 2.0))  # warm-up
         runs = {t.name: {f"{c}_b{b}": [] for c in conditions for b in batches} for t in targets}
-        embed_runs: dict[str, list[float]] = {"alone": [], "beside_text_b8": []}
+        kind_runs = {k: {"alone": [], "beside_text_b8": []} for k in kinds}
         seed = 0
         for r in range(args.rounds):
             for t in targets[r % len(targets):] + targets[:r % len(targets)]:  # each round starts with another
@@ -150,13 +196,15 @@ def main() -> None:
                         runs[t.name][f"{c}_b{b}"].append(decode_beside(t, c, b, seed, vocab, args.new_tokens, url))
                 print(f"round {r} {t.name}: {json.dumps({k: v[-1] for k, v in runs[t.name].items()})}",
                       file=sys.stderr, flush=True)
-            quiet()
-            embed_runs["alone"].append(texts_per_s(embed_client(url, args.embed_seconds)))
-            quiet()
-            seed += 1
-            embed_runs["beside_text_b8"].append(embed_beside_decode(url, targets[0], args.embed_seconds, vocab, seed))
-            print(f"round {r} embeddings: {json.dumps({k: v[-1] for k, v in embed_runs.items()})}", file=sys.stderr,
-                  flush=True)
+            for kind in kinds:
+                quiet()
+                kind_runs[kind]["alone"].append(units_per_s(kind_client(kind, url, args.embed_seconds)))
+                quiet()
+                seed += 1
+                kind_runs[kind]["beside_text_b8"].append(kind_beside_decode(kind, url, targets[0], args.embed_seconds,
+                                                                            vocab, seed))
+                print(f"round {r} {kind}: {json.dumps({k: v[-1] for k, v in kind_runs[kind].items()})}",
+                      file=sys.stderr, flush=True)
     finally:
         for stop in reversed(stops):
             stop()
@@ -164,11 +212,11 @@ def main() -> None:
               "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                           "load_average_after": loadavg()},
               "settings": SETTINGS | {"formats": formats, "new_tokens": args.new_tokens, "rounds": args.rounds},
-              "runs": runs, "embeddings": embed_runs,
+              "runs": runs, "kinds": kind_runs,
               "medians": {n: {k: statistics.median(v) for k, v in by.items()} for n, by in runs.items()},
               "kept": kept(runs, conditions, batches),
-              "embeddings_kept": statistics.median(b / a for a, b in zip(embed_runs["alone"],
-                                                                         embed_runs["beside_text_b8"]))}
+              "kinds_kept": {k: statistics.median(b / a for a, b in zip(by["alone"], by["beside_text_b8"]))
+                             for k, by in kind_runs.items()}}
     text = markdown(result, conditions, batches)
     print(text)
     if args.out:
@@ -197,10 +245,13 @@ def markdown(r: dict, conditions: list[str], batches: list[int]) -> str:
                 share = "" if c == "alone" else f" ({r['kept'][name][f'{c}_b{b}']:.0%})"
                 cells.append(f"{by[f'{c}_b{b}']:.1f}{share}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    e = r["embeddings"]
-    lines += ["", f"Embeddings (texts/s): alone {statistics.median(e['alone']):.1f}, beside 8 text streams "
-              f"{statistics.median(e['beside_text_b8']):.1f} ({r['embeddings_kept']:.0%} kept, median of rounds).",
-              "", "(%) = the median over rounds of the rate in that condition over the rate alone in the same round."]
+    units = {"embed": "texts/s", "classical": "single-row predictions/s", "policy": "observations answered/s"}
+    lines.append("")
+    for kind, by in r["kinds"].items():
+        lines.append(f"- {kind} ({units[kind]}, {WORKERS[kind]} client worker(s)): alone "
+                     f"{statistics.median(by['alone']):.1f}, beside 8 text streams "
+                     f"{statistics.median(by['beside_text_b8']):.1f} ({r['kinds_kept'][kind]:.0%} kept, median of rounds).")
+    lines += ["", "(%) = the median over rounds of the rate in that condition over the rate alone in the same round."]
     return "\n".join(lines) + "\n"
 
 
