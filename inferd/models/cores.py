@@ -8,7 +8,10 @@ on fewer threads than cores the same step keeps its speed. So a step runs on the
 
 The busy time is /proc/stat's (user, nice, system, irq, softirq and steal: what a VM's host gave to others);
 this process's own is its CPU clock, so its threads' spinning and its HTTP loop never count as others'. The
-threads follow `cores - others_cores` with a dead band (threads_for), so they do not flap at its edge.
+threads follow `cores - others_cores` with a dead band (threads_for), so they do not flap at its edge. A thread
+goes only when two windows in a row say so, since one window's spike (a burst of arrivals templated in the gateway,
+a client starting) would take it for the next window; it comes back after one quiet window, the last measured
+(after an idle spell too, where the count decided before it is stale).
 """
 import math
 import os
@@ -17,10 +20,11 @@ import time
 from dataclasses import dataclass
 
 WINDOW_S = 0.5  # how often others' use is measured (a read of /proc/stat: tens of microseconds)
-# A thread more than the free cores' count pays while others use at most BEARABLE of the core it shares
-# (benchmarks/results/threads-beside-zen3-avx2.md: 2 threads over 1 crosses 1.0 between 0.3 and 0.5 of a core at
-# 1-32 streams); the band of +-BAND around it keeps the count from flapping at its edge.
-BEARABLE, BAND = 0.3, 0.05
+# A thread more than the free cores' count pays while others use at most BEARABLE of the core it shares (2 threads
+# over 1 crosses 1.0 between 0.3 and 0.5 of a core at 1-32 streams on an AVX2 EPYC,
+# benchmarks/results/threads-beside-zen3-avx2.md, and between 0.4 and 0.5 at 1 and 8 on an AMX Xeon,
+# threads-beside-amx.md); the band of +-BAND around it keeps the count from flapping at its edge.
+BEARABLE, BAND = 0.4, 0.05
 _BUSY = (0, 1, 2, 5, 6, 7)  # /proc/stat cpuN's user nice system [idle iowait] irq softirq steal
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
@@ -67,6 +71,7 @@ class Monitor:
     def __init__(self, cpus: list[int], window_s: float = WINDOW_S):
         self.cpus, self.window_s = cpus, window_s
         self.others_cores = 0.0
+        self.last_two = (0.0, 0.0)  # others' use in the window before the last and in the last
         self.windows = 0  # windows measured so far: a reader sees a new figure when this moves
         threading.Thread(target=self._run, name="inferd-cores", daemon=True).start()
 
@@ -76,7 +81,8 @@ class Monitor:
             time.sleep(self.window_s)
             if (now := sample(self.cpus)) is None:
                 return
-            self.others_cores, last = others_cores(last, now), now
+            figure, last = others_cores(last, now), now
+            self.last_two, self.others_cores = (self.others_cores, figure), figure
             self.windows += 1
 
 
@@ -113,7 +119,13 @@ class CoreShare:
     def threads(self) -> int:
         if self._source is not None and self._source.windows != self._seen:
             self._seen = self._source.windows
-            chosen = threads_for(self.cores, self._source.others_cores, self.current, self.most)
+            before, last = (threads_for(self.cores, o, self.current, self.most) for o in self._source.last_two)
+            if last > self.current:  # one quiet window gives threads back
+                chosen = last
+            elif max(before, last) < self.current:  # two busy windows in a row take them, the smaller step
+                chosen = max(before, last)
+            else:
+                chosen = self.current
             if chosen != self.current:
                 self.current, self.num_changes = chosen, self.num_changes + 1
         return self.current

@@ -213,8 +213,8 @@ def test_small_decode_steps_can_leave_a_core_and_the_others_use_all(monkeypatch)
 
 
 def test_steps_run_on_the_cores_left_by_other_processes():
-    """Under an injected contention signal (others use 0.9 of a core of two) a step runs on one thread, the
-    same tokens as on two; once the others leave, on two again."""
+    """Under an injected contention signal (others use 0.9 of a core of two, two windows in a row) a step runs on
+    one thread, the same tokens as on two; once the others leave, on two again."""
     from inferd.models.cores import CoreShare
     from tests.models.test_cores import Signal
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -223,6 +223,7 @@ def test_steps_run_on_the_cores_left_by_other_processes():
     signal = Signal([0, 1])
     engine.cores = CoreShare(2, signal)
     signal.measured(0.9)
+    signal.measured(0.9)  # two windows in a row
     seen = []
     engine.runner.run = (lambda run_step: lambda *a: seen.append(torch.get_num_threads()) or run_step(*a))(
         engine.runner.run)
