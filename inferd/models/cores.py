@@ -70,10 +70,13 @@ class Monitor:
 
     def __init__(self, cpus: list[int], window_s: float = WINDOW_S):
         self.cpus, self.window_s = cpus, window_s
-        self.others_cores = 0.0
         self.last_two = (0.0, 0.0)  # others' use in the window before the last and in the last
         self.windows = 0  # windows measured so far: a reader sees a new figure when this moves
         threading.Thread(target=self._run, name="inferd-cores", daemon=True).start()
+
+    @property
+    def others_cores(self) -> float:
+        return self.last_two[1]
 
     def _run(self) -> None:
         last = sample(self.cpus)
@@ -81,8 +84,7 @@ class Monitor:
             time.sleep(self.window_s)
             if (now := sample(self.cpus)) is None:
                 return
-            figure, last = others_cores(last, now), now
-            self.last_two, self.others_cores = (self.others_cores, figure), figure
+            self.last_two, last = (self.last_two[1], others_cores(last, now)), now
             self.windows += 1
 
 
