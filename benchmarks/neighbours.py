@@ -87,7 +87,7 @@ def policy(i):
             robot.reset(robot.steps + i)
         robot.step(client.infer(robot.observation())["actions"][0])
         done[i] += time.monotonic() > start
-    client._ws.close()
+    client._ws.close()  # openpi's client has no close of its own
 
 threads = [threading.Thread(target=globals()[kind], args=(i,)) for i in range(workers)]
 for t in threads:
