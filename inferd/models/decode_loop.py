@@ -34,9 +34,9 @@ class LayerPlan:
                                     lens, block_size)
 
     def __del__(self):
-        module = getattr(self, "module", None)
-        if module is not None and getattr(self, "id", None) is not None:
-            module.drop_plan(self.id)
+        drop = getattr(getattr(self, "module", None), "drop_plan", None)  # None at the interpreter's exit
+        if drop is not None and getattr(self, "id", None) is not None:
+            drop(self.id)
 
 
 def layer_plan(layers, kernels, rows: int, dtype: torch.dtype) -> LayerPlan | None:
