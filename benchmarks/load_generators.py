@@ -3,14 +3,14 @@ turn, on the same machine, the load generator's processes on the same cores.
 
 Each sends requests at a constant rate (--rates, requests/s) for --seconds, prompts of --prompt-tokens asking for
 exactly --output-tokens (ignore_eos), counted with the model's own tokenizer (inferd's Hugging Face export of the
-packaged SmolLM2; no hub). Each has a venv of its own (--generators picks them):
-  guidellm        `python3.11 -m venv ../venv-lg && ../venv-lg/bin/pip install --find-links /opt/wheels torch==2.13.0
-                  guidellm==0.8.1`; chat completions, streamed; the prompts are a file written before the timed part
-                  (--data file, the default): its synthetic prompts (--data synthetic) are made while it sends, and
-                  its data worker then kept a core busy beside the servers
-  aiperf          `python3.11 -m venv ../venv-aiperf && ../venv-aiperf/bin/pip install --find-links /opt/wheels
-                  torch==2.13.0 aiperf==0.13.0`; chat completions, streamed; its synthetic prompts (made before it
-                  sends), a seed per run
+packaged SmolLM2; no hub). Each has a venv of its own (--generators picks them); guidellm and aiperf pull torch,
+so install its CPU build in the same pip command (`torch==2.13.0`, as the Makefile does) or pip takes a CUDA one:
+  guidellm        `python3.11 -m venv ../venv-lg && ../venv-lg/bin/pip install torch==2.13.0 guidellm==0.8.1`;
+                  chat completions, streamed; the prompts are a file written before the timed part (--data file,
+                  the default): its synthetic prompts (--data synthetic) are made while it sends, and its data worker
+                  then kept a core busy beside the servers
+  aiperf          `python3.11 -m venv ../venv-aiperf && ../venv-aiperf/bin/pip install torch==2.13.0 aiperf==0.13.0`;
+                  chat completions, streamed; its synthetic prompts (made before it sends), a seed per run
   inference-perf  `python3.12 -m venv ../venv-ip && ../venv-ip/bin/pip install inference-perf==0.7.0` (it needs
                   Python 3.12); completions (its random prompts are for that API only), streamed, a seed per run
 Each target serves the same weights with the same limits (served_decode.py's SETTINGS): `inferd serve` with its
