@@ -70,7 +70,7 @@ def test_after_an_idle_spell_the_last_window_decides():
     assert share.threads() == 2
 
 
-def test_one_window_s_spike_keeps_the_threads():
+def test_a_spike_of_one_window_keeps_the_threads():
     """A burst of arrivals templated in the gateway, or a client starting, busy for one window only."""
     signal = Signal([0, 1])
     share = CoreShare(2, signal)
