@@ -16,6 +16,7 @@ from inferd.engine.spec_decode import SpecConfig, Speculator
 from inferd.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from inferd.engine.sequence import Sequence
 from inferd.kernels.select import auto_quantization, bf16_weights, int4_rule, native_bf16
+from inferd.kernels.variants import load_kernels
 from inferd.models.config import LoadedModel
 from inferd.models.cores import CoreShare, allowed_cpus
 from inferd.models.huge_pages import move_weights
@@ -25,7 +26,6 @@ from inferd.models.llama import LlamaForCausalLM, StepInterrupted
 from inferd.models.packed import one_row_ops, pack_linears, panel_linears
 from inferd.models.cpu_kernels import kernels_for
 from inferd.models.quant import Int8Linear, SmallRowsInt8, quantize_linears
-from inferd.kernels.variants import load_kernels
 
 log = logging.getLogger(__name__)
 

@@ -55,9 +55,9 @@ def native_bf16(flags: frozenset[str] | None = None) -> bool:
 
 def bf16_weights(flags: frozenset[str] | None = None) -> bool:
     """`--dtype auto` without quantization keeps the linears' weights in bf16 and runs float32 rows on them (our
-    bf16w_linear, every row count) where bf16 is not native and the CPU has AVX2 without AVX-512:
-    bf16w-linear-zen3-avx2.md, 2.3-3.1x oneDNN's float32 product at 1-8 rows, 1.2-1.6x at 16-1,024. Not measured where
-    AVX-512 widens oneDNN's float32 product: float32 weights there."""
+    bf16w_linear, every row count) where bf16 is not native and the CPU has AVX2 without AVX-512 (faster than oneDNN's
+    float32 product at every row count measured, 1-1,024: bf16w-linear-zen3-avx2.md). Not measured where AVX-512
+    widens oneDNN's float32 product: float32 weights there."""
     flags = cpu_flags() if flags is None else flags
     return {"avx2", "fma"} <= flags and "avx512f" not in flags and not native_bf16(flags)
 

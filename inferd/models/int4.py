@@ -28,7 +28,7 @@ from torch import nn
 
 from inferd.kernels.select import int4_rule
 from inferd.models.int4_kernel import pack_panels
-from inferd.models.packed import PackedLinear, can_pack
+from inferd.models.packed import PackedLinear, can_pack, replace_linears
 
 log = logging.getLogger(__name__)
 
@@ -189,13 +189,9 @@ def quantize_int4_linears(model: nn.Module, max_rows: int | None, skip: tuple[st
                           dtype: torch.dtype = torch.bfloat16, kernel=None) -> int:
     """Replaces every nn.Linear of `model` (float32 weights) whose in_features is a multiple of 32 and whose
     name is not in `skip` by an Int4Linear computing in `dtype` on `kernel` (ours; None: torch's); returns how many."""
-    count, exact = 0, 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child.in_features % GROUP == 0 and name not in skip:
-                layer = Int4Linear(child, max_rows, kernel, dtype)
-                setattr(parent, name, layer)
-                count, exact = count + 1, exact + layer.exact
+    made = replace_linears(model, lambda linear: Int4Linear(linear, max_rows, kernel, dtype),
+                           lambda name, linear: linear.in_features % GROUP == 0 and name not in skip)
+    count, exact = len(made), sum(layer.exact for layer in made)
     log.info("int4 weights for %d linears (%d of them exactly the source's Q4_1 blocks), %s rows, the int4 kernel %s",
              count, exact, str(dtype).removeprefix("torch."),
              "at every row count" if max_rows is None else f"up to {max_rows} rows, dense above")

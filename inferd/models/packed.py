@@ -201,12 +201,21 @@ def panel_weights(w: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, 16, k)[:, PANEL_ORDER, :].permute(0, 2, 1).contiguous()
 
 
-def panel_linears(model: nn.Module, kernels) -> None:
-    """Replaces every nn.Linear of `model` (float32) by a PanelLinear on `kernels` (bf16 weights, float32 rows)."""
+def replace_linears(model: nn.Module, make, takes=lambda name, linear: True) -> list[nn.Module]:
+    """Replaces every nn.Linear of `model` that `takes` (its attribute name, the linear) by `make(linear)`; returns
+    the new modules."""
+    made = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, PanelLinear(child, kernels))
+            if isinstance(child, nn.Linear) and takes(name, child):
+                made.append(make(child))
+                setattr(parent, name, made[-1])
+    return made
+
+
+def panel_linears(model: nn.Module, kernels) -> None:
+    """Replaces every nn.Linear of `model` (float32) by a PanelLinear on `kernels` (bf16 weights, float32 rows)."""
+    replace_linears(model, lambda linear: PanelLinear(linear, kernels))
 
 
 def one_row_ops(kernels, dtype: torch.dtype):
@@ -233,8 +242,5 @@ def pack_linears(model: nn.Module, dtype: torch.dtype, one_row=None) -> bool:
     if not can_pack(dtype):
         log.info("oneDNN cannot prepack %s weights on this CPU; using plain linears", dtype)
         return False
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child, one_row if child.in_features % 2 == 0 else None))
+    replace_linears(model, lambda linear: PackedLinear(linear, one_row if linear.in_features % 2 == 0 else None))
     return True

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from inferd.kernels.select import INT8_HEAD_MAX_ROWS
-from inferd.models.packed import linear_op
+from inferd.models.packed import linear_op, replace_linears
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +81,7 @@ class Int8Linear(nn.Module):
 
 def quantize_linears(model: nn.Module, kernel=None) -> int:
     """Replaces every nn.Linear of `model` by an Int8Linear; returns how many."""
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear(child, kernel))
-                count += 1
+    count = len(replace_linears(model, lambda linear: Int8Linear(linear, kernel)))
     log.info("int8 weights for %d linears (%s)", count, "C++ kernel" if kernel else "torch _weight_int8pack_mm")
     return count
 

@@ -2,9 +2,9 @@
 prompts that join a step in flight."""
 import asyncio
 import threading
+from collections import defaultdict
 
 import pytest
-from collections import defaultdict
 
 from inferd.engine.async_engine import AsyncEngine
 from inferd.engine.engine import Arrivals

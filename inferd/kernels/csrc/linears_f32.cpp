@@ -111,7 +111,8 @@ static at::Tensor bf16w(const at::Tensor& x, const at::Tensor& w, const at::Tens
       panel_all_rows(xp, M, K, wp + u * K * 16, bp ? bp + u * 16 : nullptr, g, 16);
       panel_all_rows(xp, M, K, wp + (u + U) * K * 16, bp ? bp + (u + U) * 16 : nullptr, up, 16);
       for (int64_t m = 0; m < M; ++m)
-        for (int i = 0; i < 16; i += W) vstore(yp + m * N + u * 16 + i, silu_times(vload(g + 16 * m + i), vload(up + 16 * m + i)));
+        for (int i = 0; i < 16; i += W)
+          vstore(yp + m * N + u * 16 + i, silu_times(vload(g + 16 * m + i), vload(up + 16 * m + i)));
     }
   });
 #endif
