@@ -37,7 +37,7 @@ from inferd.gateway.transport import UpstreamTransport
 from inferd.gateway.usage import UsageRecord, UsageWriter
 from inferd.gateway.webhooks import WebhookSecrets
 from inferd.protocol.errors import APIError, ServiceUnavailable, to_api_error
-from inferd.protocol.http import RequestContextMiddleware, http_exception_handler
+from inferd.protocol.http import DirectRoutes, RequestContextMiddleware, http_exception_handler
 from inferd.telemetry.gateway_metrics import GatewayMetrics, counter, gauge
 
 log = logging.getLogger(__name__)
@@ -150,12 +150,16 @@ class GatewayRoutes:
     def __init__(self, gateway: Gateway):
         self.gw = gateway
         self.async_routes = AsyncRoutes(gateway)
+        self.serving = [Route(op.path, self._serve(op), methods=["POST"])
+                        for op in (*text.OPERATIONS, *embeddings.OPERATIONS, *classical.OPERATIONS)]
+
+    def direct(self) -> dict[str, Callable]:
+        """The serving routes without path parameters, for DirectRoutes."""
+        return {r.path: r.endpoint for r in self.serving if not r.param_convertors}
 
     def routes(self) -> list[Route]:
-        serving = [Route(op.path, self._serve(op), methods=["POST"])
-                   for op in (*text.OPERATIONS, *embeddings.OPERATIONS, *classical.OPERATIONS)]
-        return [Route("/v1/models", self.models, methods=["GET"]), *serving, *classical.OIPRoutes(self.gw).routes(),
-                *TokenizerRoutes(self.gw).routes(), Route("/health", self.health, methods=["GET"]),
+        return [Route("/v1/models", self.models, methods=["GET"]), *self.serving,
+                *classical.OIPRoutes(self.gw).routes(), *TokenizerRoutes(self.gw).routes(), Route("/health", self.health, methods=["GET"]),
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/ready", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]), *self.gw.sessions.routes(),
@@ -236,7 +240,9 @@ def build_gateway_app(gateway: Gateway, extra_routes: list[Route] = ()) -> Starl
             probe.cancel()
             await gateway.close()
 
-    return Starlette(routes=GatewayRoutes(gateway).routes() + list(extra_routes),
-                     middleware=[Middleware(RequestContextMiddleware, api_key=None, map_error=gateway_error)],
+    routes = GatewayRoutes(gateway)
+    return Starlette(routes=routes.routes() + list(extra_routes),
+                     middleware=[Middleware(RequestContextMiddleware, api_key=None, map_error=gateway_error),
+                                 Middleware(DirectRoutes, endpoints=routes.direct())],
                      exception_handlers={HTTPException: http_exception_handler},
                      lifespan=lifespan)

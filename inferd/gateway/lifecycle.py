@@ -251,7 +251,10 @@ class RequestPath:
                 err = queue_rejected(exc)
         if err is not None:
             self._refuse(x.begin(UNPLANNED, Admission(d)), err, "rejected")
-            raise err
+            try:
+                raise err
+            finally:
+                err = None  # this frame is in err's traceback: holding err too would make a cycle of them
 
     def _plan(self, x: Exchange, op: Operation, d: Deployment, body, raw: dict) -> tuple[Deployment, Plan]:
         """The plan on its deployment, after the deployment's degradation ladder (if it is overloaded)."""
@@ -419,7 +422,9 @@ class RequestPath:
         x.finished = True
         x.unhold()
         records = []
-        with anyio.CancelScope(shield=True):  # a stream cancelled as its client left still settles (Redis: a call)
+        # a stream cancelled as its client left still settles (Redis: a call); a shield costs, so only then
+        settles = any(a.admission.reservation is not None for a in x.attempts)
+        with anyio.CancelScope(shield=True) if settles else nullcontext():
             for attempt, nxt in zip(x.attempts, [*x.attempts[1:], None]):
                 attempt.leave_upstream()
                 records.append(await self._settle(x, attempt, nxt is None or nxt.admission is not attempt.admission))
@@ -436,9 +441,12 @@ class RequestPath:
             _span_outcome(x.span, records[-1])
             if (first_ns := x.attempts[-1].outcome.first_token_unix_ns) is not None:
                 x.span.add_event("first_token", timestamp=first_ns)
-        if records:
+        if records and access_log.isEnabledFor(logging.INFO):
             _access_line(records[-1], len(x.attempts))
         x.span.end()
+        x.refusal = None  # an error's traceback holds the frames that hold x: no cycle left for the collector
+        for attempt in x.attempts:
+            attempt.outcome.error = None
 
     async def _settle(self, x: Exchange, attempt: Attempt, ends_admission: bool) -> UsageRecord:
         """The attempt's usage record; the last attempt on an admission also settles and frees it."""

@@ -7,9 +7,10 @@ by counting after the fact.
 """
 import math
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from inferd.protocol.ids import new_id
 
 CONCURRENCY_LEASE_S = 900.0  # a concurrency slot a crashed gateway never released expires after this
 
@@ -60,7 +61,7 @@ class Limiter(Protocol):
 
 
 def new_reservation_id() -> str:
-    return uuid.uuid4().hex
+    return new_id()
 
 
 # in-process limiter (one gateway)

@@ -19,15 +19,15 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import orjson
 
 from inferd.gateway.store import Store
 from inferd.protocol.headers import UsageStatus
+from inferd.protocol.ids import new_id
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class UsageRecord:
     units: dict[str, float] | None = None  # beyond tokens: a robot session's observations, actions, seconds, ...
     batch_id: str | None = None  # a batch line's batch
     ended_unix_s: float = field(default_factory=time.time)
-    record_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    record_id: str = field(default_factory=new_id)
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(UsageRecord))
@@ -84,7 +84,7 @@ class Segment:
     """A sealed piece of the journal: its file, and its records while memory holds them (None: read the file)."""
     path: Path
     count: int
-    rows: list[dict] | None
+    rows: list[UsageRecord] | None
     failed: bool = False
 
 
@@ -100,7 +100,7 @@ class UsageWriter:
         self.counters = UsageCounters()
         self._fd: int | None = None
         self._lock_fd: int | None = None
-        self._rows: list[dict] | None = []  # the open journal's records (None: past max_pending, in the file only)
+        self._rows: list[UsageRecord] | None = []  # the open journal's (None: past max_pending, in the file only)
         self._journaled = 0  # records in the open journal
         self._opened_s = 0.0
         self._dirty = False  # written since the last fsync
@@ -144,15 +144,14 @@ class UsageWriter:
         c.cached_tokens += record.cached_tokens
         c.completion_tokens += record.completion_tokens
         c.cost_usd += record.cost_usd
-        row = {name: getattr(record, name) for name in RECORD_FIELDS}  # not dataclasses.asdict: it deep-copies every field
-        if row["units"] is not None:
-            row["units"] = dict(row["units"])
-        os.write(self._fd, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+        if record.units is not None:  # what is journaled is what is stored, whatever the caller does next
+            record = replace(record, units=dict(record.units))
+        os.write(self._fd, orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))  # a dataclass, in its field order
         self._dirty = True
         self._journaled += 1
         self._unstored += 1
         if self._rows is not None and self._in_memory < self.max_pending:
-            self._rows.append(row)
+            self._rows.append(record)  # a row for the store only in the store task
             self._in_memory += 1
         elif self._rows is not None:
             self._in_memory -= len(self._rows)
@@ -235,7 +234,7 @@ class UsageWriter:
         return True
 
     def _batches(self, segment: Segment) -> Iterator[list[dict]]:
-        rows = segment.rows if segment.rows is not None else _read(segment.path)
+        rows = map(_row, segment.rows) if segment.rows is not None else _read(segment.path)
         batch = []
         for row in rows:
             batch.append(row)
@@ -264,6 +263,10 @@ class UsageWriter:
         segments = [Segment(p, sum(1 for _ in _read(p)), None) for p in paths]
         self._unstored += sum(s.count for s in segments)
         return segments
+
+
+def _row(record: UsageRecord) -> dict:
+    return {name: getattr(record, name) for name in RECORD_FIELDS}  # not dataclasses.asdict: it deep-copies
 
 
 def _read(path: Path) -> Iterator[dict]:

@@ -17,9 +17,10 @@ the middleware; everything else that escapes a route is an InternalError, logged
 import json
 import logging
 
+import orjson
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +148,10 @@ def error_body(err: APIError) -> dict:
     return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
 
 
-def error_response(exc: BaseException, map_error=to_api_error) -> JSONResponse:
+def error_response(exc: BaseException, map_error=to_api_error) -> Response:
     err = map_error(exc)
-    return JSONResponse(error_body(err), status_code=err.status, headers=err.headers or None)
+    return Response(orjson.dumps(error_body(err)), status_code=err.status, headers=err.headers or None,
+                    media_type="application/json")
 
 
 # helpers

@@ -1,7 +1,9 @@
 """A request's life in the gateway, in process: replicas are httpx.MockTransport handlers, so attempts,
 retries, fallbacks, streams, cancellation and usage records are checked in milliseconds."""
 import asyncio
+import gc
 import json
+import types
 
 import httpx
 import pytest
@@ -320,3 +322,73 @@ async def test_a_full_queue_refuses_before_the_prompt_is_tokenized(tmp_path):
         assert (await running).status_code == 200 and (await waiting).status_code == 200
     await gw.close()
     assert d.queue.inflight == 0 and d.queue.length == 0 and len(records) == 3
+
+
+async def _stream(request: httpx.Request) -> httpx.Response:
+    chunk = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}'
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=httpx.ByteStream(
+        sse(chunk, headers.USAGE_PREFIX + json.dumps(usage(3, 1)).encode(), b"data: [DONE]")))
+
+
+@pytest.mark.parametrize("case", ["refused", "answered", "streamed", "invalid"])
+async def test_a_request_leaves_no_reference_cycles(tmp_path, case):
+    """A request's objects go when it ends, by reference counting. A refusal used to leave a cycle (its error's
+    traceback holds the frames that held the error), and a burst's cycles made the collector stop the event
+    loop for milliseconds in the middle of the burst."""
+    d = deployment("m", "a")
+    if case == "refused":
+        d.queue.config.max_queue_len = 0  # every request: 503 queue_full
+    gw, key = make_gateway(tmp_path, Replicas(a=_stream if case == "streamed" else ok), [d])
+    app = build_gateway_app(gw)
+    body = json.dumps({"model": "m", "messages": "not a list"} if case == "invalid" else
+                      CHAT | {"model": "m", "stream": case == "streamed"}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+             "headers": [(b"host", b"gw"), (b"authorization", f"Bearer {key}".encode()),
+                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    statuses = []
+
+    async def one() -> None:
+        sent = False
+
+        async def receive() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # the client stays
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+        await app(dict(scope), receive, send)
+
+    await gw.start()
+    try:
+        for _ in range(5):
+            await one()  # warm: first-use caches
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(20):
+                await one()
+            gc.collect()
+            ours = [o for o in gc.garbage if isinstance(o, types.FrameType) and "/inferd/" in o.f_code.co_filename]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    finally:
+        await gw.close()
+    assert set(statuses) == {{"refused": 503, "invalid": 400}.get(case, 200)}
+    assert [f.f_code.co_name for f in ours] == []
+
+
+def test_the_serving_routes_answer_other_methods_405_in_the_error_shape(tmp_path):
+    gw, key = make_gateway(tmp_path, Replicas(a=ok), [deployment("m", "a")])
+    with TestClient(build_gateway_app(gw)) as client:
+        r = client.get("/v1/chat/completions", headers={"authorization": f"Bearer {key}"})
+        assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+        assert client.post("/v1/chat/completions/extra", json=CHAT).status_code == 404
