@@ -136,13 +136,14 @@ def check_answers(system: str, port: int, X: np.ndarray, names: list[str], refer
             f"{system} {model} answers differently from the library"
 
 
-async def measure(system: str, port: int, X: np.ndarray, names: list[str], cell_s: float) -> dict:
+async def measure(system: str, port: int, X: np.ndarray, names: list[str], cell_s: float,
+                  rates_asked: tuple[int, ...] = RATES) -> dict:
     out = {}
     for model in MODELS:
         t, singles = target(system, model, port), bodies(system, model, X, names, 1, count=len(X))
         await open_loop(t, singles, 50, 0.5)  # warm-up
         rates, held = {}, None
-        for rate in RATES:
+        for rate in rates_asked:
             rates[rate] = cell = await open_loop(t, singles, rate, cell_s)
             print(f"{system:7s} {model:8s} {rate:5d}/s  {cell}", flush=True)
             if cell["errors"] or cell["p99_ms"] is None or cell["p99_ms"] > P99_TARGET_MS:
@@ -175,12 +176,14 @@ def main() -> None:
     p.add_argument("--cell-s", type=float, default=2.0, help="seconds per rate or batch cell")
     p.add_argument("--port", type=int, default=8970)
     p.add_argument("--systems", default="inferd,ray,plain", help="of inferd, inferd-in-process, ray, plain")
+    p.add_argument("--rates", default=",".join(map(str, RATES)), help="the open loop's arrival rates, rising")
     args = p.parse_args()
+    rates = tuple(int(r) for r in args.rates.split(","))
     directory = Path(tempfile.mkdtemp(prefix="inferd-bench-classical-"))
     X, names = train(directory)
     references = {m: load(directory, m) for m in MODELS}
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-              "cell_s": args.cell_s, "p99_target_ms": P99_TARGET_MS, "rates": RATES, "batches": BATCHES,
+              "cell_s": args.cell_s, "p99_target_ms": P99_TARGET_MS, "rates": rates, "batches": BATCHES,
               "systems": {}, "notes": {}}
     starts = {"inferd": lambda: inferd(directory, args.port), "ray": lambda: peer("ray", directory, args.port + 1),
               "plain": lambda: peer("plain", directory, args.port + 2),
@@ -196,7 +199,7 @@ def main() -> None:
         try:
             result["notes"][f"{system} start_s"] = round(time.monotonic() - t, 1)
             check_answers(system, ports[system], X, names, references)
-            result["systems"][system] = asyncio.run(measure(system, ports[system], X, names, args.cell_s))
+            result["systems"][system] = asyncio.run(measure(system, ports[system], X, names, args.cell_s, rates))
         finally:
             proc.terminate()
             proc.wait(60)

@@ -9,8 +9,6 @@ from pathlib import Path
 import numpy as np
 import uvicorn
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -23,7 +21,7 @@ from inferd.classical.runtime import Answer, ClassicalRuntime
 from inferd.protocol import headers
 from inferd.protocol.classical import MAX_PREDICT_BODY_BYTES, PredictRequest, decode_body, feature_matrix
 from inferd.protocol.errors import ModelNotFound
-from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_body, unless_disconnected
+from inferd.protocol.http import build_app, read_body, unless_disconnected
 from inferd.replica.loading import in_passing_thread
 from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome, status_routes
 
@@ -94,9 +92,7 @@ def build_classical_app(runtime: ClassicalRuntime, metrics: ClassicalMetrics, *,
     readiness = Readiness(loaded_unix_s=loaded_unix_s or time.time())
     metrics.watch_queue(runtime.batcher)
     routes = ClassicalRoutes(runtime, metrics, readiness)
-    app = Starlette(routes=routes.routes(), lifespan=batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)),
-                    middleware=[Middleware(RequestContextMiddleware, api_key=api_key)],
-                    exception_handlers={HTTPException: http_exception_handler})
+    app = build_app(routes.routes(), batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)), api_key)
     app.state.card = routes.card  # its /v1/models card without a request (an in-process replica's)
     return app
 

@@ -10,8 +10,6 @@ from pathlib import Path
 import torch
 import uvicorn
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -21,7 +19,7 @@ from inferd.embeddings.metrics import EmbeddingMetrics
 from inferd.embeddings.runtime import EmbeddingRuntime
 from inferd.protocol import headers
 from inferd.protocol.errors import ModelNotFound
-from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_json, unless_disconnected
+from inferd.protocol.http import build_app, read_json, unless_disconnected
 from inferd.protocol.openai import EmbeddingRequest
 from inferd.replica.loading import in_passing_thread
 from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome, status_routes
@@ -99,9 +97,7 @@ def build_embedding_app(runtime: EmbeddingRuntime, metrics: EmbeddingMetrics, *,
     readiness = Readiness(loaded_unix_s=loaded_unix_s or time.time())
     metrics.watch_queue(runtime.batcher)
     routes = EmbeddingRoutes(runtime, metrics, readiness).routes()
-    return Starlette(routes=routes, lifespan=batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)),
-                     middleware=[Middleware(RequestContextMiddleware, api_key=api_key)],
-                     exception_handlers={HTTPException: http_exception_handler})
+    return build_app(routes, batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)), api_key)
 
 
 async def _warm_up(runtime: EmbeddingRuntime) -> str:

@@ -10,8 +10,6 @@ import httpx
 from opentelemetry import trace
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -37,7 +35,7 @@ from inferd.gateway.transport import UpstreamTransport
 from inferd.gateway.usage import UsageRecord, UsageWriter
 from inferd.gateway.webhooks import WebhookSecrets
 from inferd.protocol.errors import APIError, ServiceUnavailable, to_api_error
-from inferd.protocol.http import DirectRoutes, RequestContextMiddleware, http_exception_handler
+from inferd.protocol.http import build_app
 from inferd.telemetry.gateway_metrics import GatewayMetrics, counter, gauge
 
 log = logging.getLogger(__name__)
@@ -150,16 +148,12 @@ class GatewayRoutes:
     def __init__(self, gateway: Gateway):
         self.gw = gateway
         self.async_routes = AsyncRoutes(gateway)
-        self.serving = [Route(op.path, self._serve(op), methods=["POST"])
-                        for op in (*text.OPERATIONS, *embeddings.OPERATIONS, *classical.OPERATIONS)]
-
-    def direct(self) -> dict[str, Callable]:
-        """The serving routes without path parameters, for DirectRoutes."""
-        return {r.path: r.endpoint for r in self.serving if not r.param_convertors}
 
     def routes(self) -> list[Route]:
-        return [Route("/v1/models", self.models, methods=["GET"]), *self.serving,
-                *classical.OIPRoutes(self.gw).routes(), *TokenizerRoutes(self.gw).routes(), Route("/health", self.health, methods=["GET"]),
+        serving = [Route(op.path, self._serve(op), methods=["POST"])
+                   for op in (*text.OPERATIONS, *embeddings.OPERATIONS, *classical.OPERATIONS)]
+        return [Route("/v1/models", self.models, methods=["GET"]), *serving, *classical.OIPRoutes(self.gw).routes(),
+                *TokenizerRoutes(self.gw).routes(), Route("/health", self.health, methods=["GET"]),
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/ready", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]), *self.gw.sessions.routes(),
@@ -240,9 +234,4 @@ def build_gateway_app(gateway: Gateway, extra_routes: list[Route] = ()) -> Starl
             probe.cancel()
             await gateway.close()
 
-    routes = GatewayRoutes(gateway)
-    return Starlette(routes=routes.routes() + list(extra_routes),
-                     middleware=[Middleware(RequestContextMiddleware, api_key=None, map_error=gateway_error),
-                                 Middleware(DirectRoutes, endpoints=routes.direct())],
-                     exception_handlers={HTTPException: http_exception_handler},
-                     lifespan=lifespan)
+    return build_app(GatewayRoutes(gateway).routes() + list(extra_routes), lifespan, None, gateway_error)

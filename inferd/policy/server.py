@@ -9,8 +9,6 @@ from pathlib import Path
 import numpy as np
 import uvicorn
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -20,7 +18,7 @@ from inferd.policy.metrics import PolicyMetrics
 from inferd.policy.runtime import PolicyRuntime
 from inferd.protocol import headers
 from inferd.protocol.errors import APIError, InvalidRequest, PayloadTooLarge, to_api_error
-from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_body, unless_disconnected
+from inferd.protocol.http import build_app, read_body, unless_disconnected
 from inferd.protocol.policy import PolicyError, check_observation, packb, unpackb
 from inferd.replica.loading import in_passing_thread
 from inferd.replica.state import Readiness, batched_lifespan, deadline_s, outcome, status_routes
@@ -82,9 +80,8 @@ def build_policy_app(runtime: PolicyRuntime, metrics: PolicyMetrics, *, api_key:
     readiness = Readiness(loaded_unix_s=loaded_unix_s or time.time())
     metrics.watch_queue(runtime.batcher)
     routes = PolicyRoutes(runtime, metrics, readiness)
-    app = Starlette(routes=routes.routes(), lifespan=batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)),
-                    middleware=[Middleware(RequestContextMiddleware, api_key=api_key, map_error=policy_error)],
-                    exception_handlers={HTTPException: http_exception_handler})
+    app = build_app(routes.routes(), batched_lifespan(runtime, readiness, lambda: _warm_up(runtime)), api_key,
+                    policy_error)
     app.state.card = routes.card  # its /v1/models card without a request (an in-process replica's)
     return app
 

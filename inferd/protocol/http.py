@@ -5,6 +5,7 @@ paths (oip.PATHS), OpenAI's everywhere else, an unknown route under /v2/ include
 router's own 404 and 405 (HTTPException) through http_exception_handler, in the same shape."""
 import asyncio
 import hmac
+import inspect
 import json
 import re
 import time
@@ -12,8 +13,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferd.protocol.errors import (APIError, AuthenticationFailed, ClientClosedRequest, PayloadTooLarge,
@@ -74,15 +79,32 @@ class RequestContextMiddleware:
             raise AuthenticationFailed("Incorrect API key provided.")
 
 
+def build_app(routes: list[BaseRoute], lifespan, api_key: str | None, map_error=to_api_error) -> Starlette:
+    """Every app's (the gateway's and each replica's): request id, key and error shape for all routes, the POST
+    routes of fixed paths answered directly, the router's own 404 and 405 in the error shape."""
+    return Starlette(routes=routes, lifespan=lifespan,
+                     middleware=[Middleware(RequestContextMiddleware, api_key=api_key, map_error=map_error),
+                                 Middleware(DirectRoutes, routes=routes)],
+                     exception_handlers={HTTPException: http_exception_handler})
+
+
 class DirectRoutes:
     """POST routes of fixed paths answered from a dict, ahead of the router: the hot routes skip matching every
     route's pattern and Starlette's per-route exception wrapper (benchmarks/refusal_path.py measures it).
-    Place it after RequestContextMiddleware, which gives their errors their shape; anything else (another
-    method, a path with parameters) goes on to the router, which keeps its 404 and 405 answers."""
+    It sits after RequestContextMiddleware, which gives their errors their shape; anything else (another
+    method, a path with parameters) goes on to the router, which keeps its 404 and 405 answers. A route is
+    taken only where the router would pick it for its path (no earlier route matches it)."""
 
-    def __init__(self, app: ASGIApp, endpoints: dict[str, Callable[[Request], Awaitable[Response]]]):
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute]):
         self.app = app
-        self.endpoints = endpoints
+        self.endpoints: dict[str, Callable[[Request], Awaitable[Response]]] = {}
+        for route in routes:
+            if not (isinstance(route, Route) and "POST" in (route.methods or ()) and not route.param_convertors
+                    and inspect.iscoroutinefunction(route.endpoint)):
+                continue
+            scope = {"type": "http", "path": route.path, "root_path": "", "method": "POST"}
+            if next(r for r in routes if r.matches(scope)[0] is Match.FULL) is route:
+                self.endpoints[route.path] = route.endpoint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" \

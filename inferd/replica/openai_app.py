@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -18,7 +16,7 @@ from starlette.types import Lifespan
 from inferd.engine.request import RequestOutput, SamplingParams
 from inferd.protocol import headers
 from inferd.protocol.errors import DeadlineExceeded, InvalidRequest, ModelNotFound, ServiceUnavailable, error_body
-from inferd.protocol.http import RequestContextMiddleware, http_exception_handler, read_json, unless_disconnected
+from inferd.protocol.http import build_app, read_json, unless_disconnected
 from inferd.protocol.openai import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingRequest,
                                     TokenizeRequest, detokenize_answer, tokenize_answer, tokenizer_info, usage_body)
 from inferd.protocol.sse import SSE_DONE, SSEResponse, sse_event
@@ -284,9 +282,7 @@ def create_app(backend: TextBackend, config: APIConfig, *, metrics: ServerMetric
                extra_routes: Sequence[BaseRoute] = (), lifespan: Lifespan | None = None) -> Starlette:
     """The OpenAI-compatible app; extra_routes (health, metrics) share its request ids and error shape."""
     routes = OpenAIRoutes(backend, config, metrics).routes() + list(extra_routes)
-    return Starlette(routes=routes, lifespan=lifespan,
-                     middleware=[Middleware(RequestContextMiddleware, api_key=config.api_key, map_error=replica_error)],
-                     exception_handlers={HTTPException: http_exception_handler})
+    return build_app(routes, lifespan, config.api_key, replica_error)
 
 
 async def _next_output(queue: asyncio.Queue, deadline_s: float | None) -> tuple:
