@@ -3,9 +3,10 @@
 A gateway (tests/gateway/test_lifecycle.py's: SQLite store, in-process limiter, a word tokenizer) whose one
 deployment has one slot, held by a request its replica never answers, and no queue: every further chat request is
 refused 503 queue_full after auth, the body, the early checks and its usage record. --requests of them are sent as
-raw ASGI calls at once; prints microseconds per refusal, and with --profile cProfile's top functions.
+raw ASGI calls at once (--sequential: one after another); prints microseconds per refusal, and with --profile
+cProfile's top functions. --uvloop: on uvloop's loop, as `inferd serve` runs.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/refusal_path.py --requests 2000 [--profile]
+    PYTHONPATH=. .venv/bin/python benchmarks/refusal_path.py --requests 2000 [--profile] [--sequential] [--uvloop]
 """
 import argparse
 import asyncio
@@ -52,7 +53,7 @@ def asgi_post(app, path: str, key: str, body: bytes) -> tuple[Callable[[], Await
     return one, statuses
 
 
-async def run(n: int, profile: bool) -> None:
+async def run(n: int, profile: bool, sequential: bool = False) -> None:
     hold = asyncio.Event()
 
     async def never(request: httpx.Request) -> httpx.Response:
@@ -75,7 +76,11 @@ async def run(n: int, profile: bool) -> None:
     started = time.perf_counter()
     if profiler:
         profiler.enable()
-    await asyncio.gather(*(one() for _ in range(n)))
+    if sequential:
+        for _ in range(n):
+            await one()
+    else:
+        await asyncio.gather(*(one() for _ in range(n)))
     if profiler:
         profiler.disable()
     elapsed = time.perf_counter() - started
@@ -91,8 +96,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--sequential", action="store_true", help="each request after the last, not all at once")
+    p.add_argument("--uvloop", action="store_true")
     args = p.parse_args()
-    asyncio.run(run(args.requests, args.profile))
+    if args.uvloop:
+        import uvloop
+        uvloop.install()
+    asyncio.run(run(args.requests, args.profile, args.sequential))
 
 
 if __name__ == "__main__":
