@@ -16,41 +16,12 @@ import json
 import pstats
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 
 from inferd.gateway.app import build_gateway_app
-from tests.gateway.test_lifecycle import CHAT, Replicas, deployment, make_gateway
-
-
-def asgi_post(app, path: str, key: str, body: bytes) -> tuple[Callable[[], Awaitable[None]], Counter]:
-    """A raw ASGI POST of body to path with key, as a call to make again and again (no socket, no HTTP parser), and
-    the response statuses it has seen."""
-    head = [(b"host", b"x"), (b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode())]
-    statuses: Counter = Counter()
-
-    async def one() -> None:
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-                 "headers": head, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
-        sent = False
-
-        async def receive() -> dict:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()  # the client stays until the answer is sent
-
-        async def send(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                statuses[message["status"]] += 1
-        await app(scope, receive, send)
-    return one, statuses
+from tests.gateway.test_lifecycle import CHAT, Replicas, asgi_post, deployment, make_gateway
 
 
 async def run(n: int, profile: bool, sequential: bool = False) -> None:

@@ -33,6 +33,7 @@ from inferd.gateway.tables import batch_lines, batches
 from inferd.gateway.kinds import Operation
 from inferd.protocol import headers
 from inferd.protocol.errors import APIError, error_body, to_api_error
+from inferd.protocol.http import whole_body
 
 log = logging.getLogger(__name__)
 
@@ -293,17 +294,8 @@ async def serve_in_process(gw, op: Operation, key, body: bytes, request_id: str,
                                          (headers.PRIORITY.encode(), b"batch"),
                                          (headers.DEADLINE_MS.encode(), str(left_ms).encode())],
              "state": {"request_id": request_id, "arrival_s": time.monotonic()}}
-    sent = False
-
-    async def receive() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # no client to go away: only cancelling the task ends it
-
     try:
-        response = await gw.requests.serve(Request(scope, receive), op, key=key, batch_id=batch_id)
+        response = await gw.requests.serve(Request(scope, whole_body(body)), op, key=key, batch_id=batch_id)
     except APIError as exc:
         err = to_api_error(exc)
         return err.status, json.dumps(error_body(err)).encode()

@@ -160,6 +160,20 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def whole_body(body: bytes) -> Receive:
+    """The ASGI receive of a request made in process with all its body: the body, then nothing until the call is
+    cancelled (no client goes away)."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()
+    return receive
+
+
 async def _wait_for_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass

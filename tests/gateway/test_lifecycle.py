@@ -4,6 +4,8 @@ import asyncio
 import gc
 import json
 import types
+from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -16,6 +18,7 @@ from inferd.gateway.deployments import Deployment, Deployments, TextModel, Upstr
 from inferd.gateway.limits import MemoryLimiter
 from inferd.gateway.store import Store
 from inferd.protocol import headers
+from inferd.protocol.http import whole_body
 
 CHAT = {"messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4}
 
@@ -324,6 +327,25 @@ async def test_a_full_queue_refuses_before_the_prompt_is_tokenized(tmp_path):
     assert d.queue.inflight == 0 and d.queue.length == 0 and len(records) == 3
 
 
+def asgi_post(app, path: str, key: str, body: bytes) -> tuple[Callable[[], Awaitable[None]], Counter]:
+    """A raw ASGI POST of body to path with key, as a call to make again and again (no socket, no HTTP parser), and
+    the response statuses it has seen."""
+    head = [(b"host", b"x"), (b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode())]
+    statuses: Counter = Counter()
+
+    async def one() -> None:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+                 "headers": head, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                statuses[message["status"]] += 1
+        await app(scope, whole_body(body), send)
+    return one, statuses
+
+
 async def _stream(request: httpx.Request) -> httpx.Response:
     chunk = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}'
     return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=httpx.ByteStream(
@@ -342,27 +364,7 @@ async def test_a_request_leaves_no_reference_cycles(tmp_path, case):
     app = build_gateway_app(gw)
     body = json.dumps({"model": "m", "messages": "not a list"} if case == "invalid" else
                       CHAT | {"model": "m", "stream": case == "streamed"}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
-             "root_path": "", "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
-             "headers": [(b"host", b"gw"), (b"authorization", f"Bearer {key}".encode()),
-                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
-    statuses = []
-
-    async def one() -> None:
-        sent = False
-
-        async def receive() -> dict:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()  # the client stays
-
-        async def send(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                statuses.append(message["status"])
-        await app(dict(scope), receive, send)
+    one, statuses = asgi_post(app, "/v1/chat/completions", key, body)
 
     await gw.start()
     try:
