@@ -7,8 +7,12 @@ a body, a request in the app) forever, and httptools itself caps no header size.
 arrive within HEADERS_TIMEOUT_S of the connection or of the previous answer, and its body within
 BODY_TIMEOUT_S of its head; past either the connection is closed (the app sees a disconnect). A head above
 MAX_HEAD_BYTES is answered 400, like a request httptools cannot parse, in the error shape (uvicorn's own
-answer is plain text). A WebSocket, once upgraded, is not this protocol's any more."""
+answer is plain text). A WebSocket, once upgraded, is not this protocol's any more.
+
+A deadline is a number on the connection; one timer a server, every SWEEP_S while it has connections, closes
+those past theirs (a timer armed and cancelled per request cost more than the rest of the protocol's work)."""
 import json
+import time
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -17,20 +21,19 @@ from inferd.protocol.errors import InvalidRequest, error_body
 HEADERS_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 60.0  # a 200 MiB file upload needs 3.4 MiB/s
 MAX_HEAD_BYTES = 64 * 1024
+SWEEP_S = 0.5  # a deadline holds to within this
 
 
 class ReadDeadlineProtocol(HttpToolsProtocol):
     """Pass as uvicorn.run(http=ReadDeadlineProtocol)."""
-    _deadline = None
+    _deadline_s: float | None = None  # time.monotonic() by which the request (head or body) must have come
     _head_bytes = 0
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._arm(HEADERS_TIMEOUT_S)
-
-    def connection_lost(self, exc) -> None:
-        self._disarm()
-        super().connection_lost(exc)
+        if getattr(self.server_state, "deadline_sweep", None) is None:
+            self.server_state.deadline_sweep = self.loop.call_later(SWEEP_S, _sweep, self.loop, self.server_state)
 
     def on_message_begin(self) -> None:
         self._head_bytes = 0
@@ -75,15 +78,22 @@ class ReadDeadlineProtocol(HttpToolsProtocol):
             raise ValueError("head too large")  # httptools stops parsing; data_received answers 400
 
     def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(seconds, self._expired)
+        self._deadline_s = time.monotonic() + seconds
 
     def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._deadline_s = None
 
     def _expired(self) -> None:
-        self._deadline = None
+        self._deadline_s = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+def _sweep(loop, state) -> None:
+    """Closes the server's connections past their deadline; again in SWEEP_S while any is open (uvicorn's
+    ServerState keeps them: a connection leaves it when it closes)."""
+    now = time.monotonic()
+    for connection in list(state.connections):
+        if (deadline_s := getattr(connection, "_deadline_s", None)) is not None and deadline_s <= now:
+            connection._expired()
+    state.deadline_sweep = loop.call_later(SWEEP_S, _sweep, loop, state) if state.connections else None
