@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 QUEUE_TIME = ("inferd_queue_time_seconds", "vllm:request_queue_time_seconds")
 RUNNING = ("inferd_num_requests_running", "vllm:num_requests_running")
 WAITING = ("inferd_num_requests_waiting", "vllm:num_requests_waiting")
-KV_USED, KV_TOTAL = "inferd_kv_cache_blocks_used", "inferd_kv_cache_blocks_total"
+KV_USED, KV_TOTAL = "inferd_kv_cache_blocks_used", "inferd_kv_cache_blocks_capacity"
 KV_RATIO = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREFIX_HITS = ("inferd_prefix_cache_hit_tokens_total", "vllm:prefix_cache_hits_total")
 PREFIX_QUERIES = ("inferd_prefix_cache_query_tokens_total", "vllm:prefix_cache_queries_total")

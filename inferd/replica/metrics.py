@@ -49,7 +49,7 @@ class EngineCollector:
         yield GaugeMetricFamily("inferd_num_requests_running", "Sequences in the running batch.", s.num_running)
         yield GaugeMetricFamily("inferd_num_requests_waiting", "Sequences waiting to be scheduled.", s.num_waiting)
         yield GaugeMetricFamily("inferd_kv_cache_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)
-        yield GaugeMetricFamily("inferd_kv_cache_blocks_total", "KV cache blocks in the pool.", s.kv_blocks_total)
+        yield GaugeMetricFamily("inferd_kv_cache_blocks_capacity", "KV cache blocks in the pool.", s.kv_blocks_total)
         yield CounterMetricFamily("inferd_preemptions", "Sequences preempted since start.", s.num_preemptions)
         yield CounterMetricFamily("inferd_prefix_cache_query_tokens", "Tokens of sequences looked up in the "
                                   "prefix cache when scheduled.", s.prefix_cache_query_tokens)

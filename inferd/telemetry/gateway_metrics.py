@@ -53,6 +53,8 @@ class GatewayMetrics:
                                        "action chunk out, as the gateway sees it.", ["model"],
                                        buckets=LATENCY_BUCKETS_S, registry=r)
         self._children: dict[tuple, object] = {}  # (metric, label values) -> its child: .labels() costs µs
+        self._watched: list[Callable[[], Iterator[Metric]]] = []
+        r.register(_Watched(self._watched))
 
     def _child(self, metric, *values: str):
         child = self._children.get((metric, values))
@@ -92,15 +94,28 @@ class GatewayMetrics:
             self._child(self.observation_s, model).observe(latency_s)
 
     def watch(self, collect: Callable[[], Iterator[Metric]]) -> None:
-        self.registry.register(_Collector(collect))
+        """collect's families join the gateway's; those several sources name alike (each pool's replicas by
+        state) are one family, with one HELP and one TYPE line, as the text format wants."""
+        self._watched.append(collect)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class _Collector:
-    def __init__(self, collect: Callable[[], Iterator[Metric]]):
-        self.collect = collect
+class _Watched:
+    def __init__(self, sources: list[Callable[[], Iterator[Metric]]]):
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for source in self.sources:
+            for family in source():
+                if (first := families.get(family.name)) is None:
+                    families[family.name] = family
+                else:  # a new family: the sources' own are theirs
+                    families[family.name] = merged = Metric(first.name, first.documentation, first.type, first.unit)
+                    merged.samples = first.samples + family.samples
+        return iter(families.values())
 
     def describe(self) -> list[Metric]:
         return []

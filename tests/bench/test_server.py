@@ -34,8 +34,8 @@ inferd_queue_time_seconds_count 6.0
 inferd_queue_time_seconds_sum 1.3
 # TYPE inferd_kv_cache_blocks_used gauge
 inferd_kv_cache_blocks_used 30.0
-# TYPE inferd_kv_cache_blocks_total gauge
-inferd_kv_cache_blocks_total 120.0
+# TYPE inferd_kv_cache_blocks_capacity gauge
+inferd_kv_cache_blocks_capacity 120.0
 # TYPE inferd_num_requests_waiting gauge
 inferd_num_requests_waiting 3.0
 """

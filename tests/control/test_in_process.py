@@ -127,6 +127,8 @@ def test_inferd_serve_with_the_classical_model_and_the_policy_in_its_process(tmp
         policy._ws.close()
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         assert "inferd_classical_requests_total" in metrics and "inferd_policy_batch_observations_count" in metrics
+        heads = [" ".join(line.split()[:3]) for line in metrics.splitlines() if line.startswith(("# HELP", "# TYPE"))]
+        assert len(heads) == len(set(heads))  # a family once, as strict parsers (promtool) want; two pools here
         children = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == proc.pid]
         assert children == []  # both models answer from the gateway's own process
         wait_stored(url)

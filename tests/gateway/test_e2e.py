@@ -319,7 +319,7 @@ def test_metrics_and_json_logs_hold_no_secrets(server, url):
     chat(url, API_KEY, content="the secret plan is purple elephants")
     m = httpx.get(f"{url}/metrics").text
     for name in ("inferd_gateway_rejections_total", "inferd_gateway_queue_length", "inferd_gateway_tokens_total",
-                 "inferd_gateway_cost_usd_total", 'replica="replica-0"', "inferd_kv_cache_blocks_total"):
+                 "inferd_gateway_cost_usd_total", 'replica="replica-0"', "inferd_kv_cache_blocks_capacity"):
         assert name in m
     log = Path(server[1]).read_text()
     assert API_KEY not in log and ADMIN_KEY not in log and "purple elephants" not in log

@@ -276,14 +276,14 @@ def test_metrics_move(url, client, model):
     for name in ["inferd_time_to_first_token_seconds_count", "inferd_inter_token_latency_seconds_count",
                  "inferd_e2e_request_latency_seconds_count", "inferd_queue_time_seconds_count",
                  "inferd_num_requests_running", "inferd_num_requests_waiting", "inferd_kv_cache_blocks_used",
-                 "inferd_kv_cache_blocks_total", "inferd_preemptions_total",
+                 "inferd_kv_cache_blocks_capacity", "inferd_preemptions_total",
                  'inferd_requests_total{finish_reason="length"}']:
         assert name in after, name
     assert after['inferd_requests_total{finish_reason="length"}'] == before.get(
         'inferd_requests_total{finish_reason="length"}', 0) + 1
     assert after["inferd_generation_tokens_total"] == before["inferd_generation_tokens_total"] + 2
     assert after["inferd_prompt_tokens_total"] > before["inferd_prompt_tokens_total"]
-    assert after["inferd_kv_cache_blocks_total"] > 0
+    assert after["inferd_kv_cache_blocks_capacity"] > 0
 
 
 def test_prompts_that_arrive_while_a_stream_decodes_are_prefilled_inside_its_steps(url, client, model):
