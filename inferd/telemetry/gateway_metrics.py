@@ -112,9 +112,10 @@ class _Watched:
             for family in source():
                 if (first := families.get(family.name)) is None:
                     families[family.name] = family
-                else:  # a new family: the sources' own are theirs
-                    families[family.name] = merged = Metric(first.name, first.documentation, first.type, first.unit)
+                else:  # a new family, so that no source's own is changed
+                    merged = Metric(first.name, first.documentation, first.type, first.unit)
                     merged.samples = first.samples + family.samples
+                    families[family.name] = merged
         return iter(families.values())
 
     def describe(self) -> list[Metric]:
