@@ -8,17 +8,18 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferd.gateway.deployments import Upstream
+from inferd.telemetry import merged
 
 
 async def replica_metrics(client: httpx.AsyncClient, upstreams: list[Upstream]) -> bytes:
     texts = await asyncio.gather(*(_fetch(client, u) for u in upstreams))
-    families: dict[str, Metric] = {}
+    labelled = []
     for upstream, text in zip(upstreams, texts):
-        for family in _parsed(text or ""):
-            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
-            merged.samples += [s._replace(labels=s.labels | {"replica": upstream.name}) for s in family.samples]
+        for family in _parsed(text or ""):  # parsed here: ours to relabel
+            family.samples = [s._replace(labels=s.labels | {"replica": upstream.name}) for s in family.samples]
+            labelled.append(family)
     registry = CollectorRegistry()
-    registry.register(_Families(list(families.values())))
+    registry.register(_Families(merged(labelled)))
     return generate_latest(registry)
 
 

@@ -1,4 +1,4 @@
-"""Ids for requests, usage records and reservations: 32 hex digits, as uuid4().hex, at a tenth of its cost.
+"""Ids for requests, usage records and reservations: 32 hex digits, as uuid4().hex, without a system call each.
 
 64 random bits drawn once per process (again in a forked child), then a 64-bit counter. Two processes share
 a prefix with probability 2**-64 a pair; within one the counter never repeats. Not secrets: nothing may

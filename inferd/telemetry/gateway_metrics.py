@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from inferd.telemetry import LATENCY_BUCKETS_S
+from inferd.telemetry import LATENCY_BUCKETS_S, merged
 
 OTHER = "other"
 
@@ -107,16 +107,7 @@ class _Watched:
         self.sources = sources
 
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
-        for source in self.sources:
-            for family in source():
-                if (first := families.get(family.name)) is None:
-                    families[family.name] = family
-                else:  # a new family, so that no source's own is changed
-                    merged = Metric(first.name, first.documentation, first.type, first.unit)
-                    merged.samples = first.samples + family.samples
-                    families[family.name] = merged
-        return iter(families.values())
+        return iter(merged(family for source in self.sources for family in source()))
 
     def describe(self) -> list[Metric]:
         return []
