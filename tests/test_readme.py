@@ -45,7 +45,7 @@ def url(smollm2_server):
 
 
 def test_the_quickstart_has_what_this_module_runs():
-    assert len(blocks("python")) == 2 and len([b for b in blocks("sh") if b.startswith("curl ")]) == 1
+    assert len(blocks("python")) == 3 and len([b for b in blocks("sh") if b.startswith("curl ")]) == 1
     assert "pip install openai" in quickstart()
 
 
@@ -57,8 +57,14 @@ def test_the_openai_snippet(url):
     assert any(line.strip() for line in lines[:-1]), lines  # the model's reply
 
 
-def test_the_robot_snippet(url):
+def test_the_tool_call_snippet(url):
     lines = run_python(for_server(blocks("python")[1], url))
+    assert lines[0] == "get_weather", lines
+    assert isinstance(json.loads("\n".join(lines[1:]))["city"], str), lines  # the model may indent its JSON
+
+
+def test_the_robot_snippet(url):
+    lines = run_python(for_server(blocks("python")[2], url))
     assert len(lines) == 1 and re.fullmatch(r".+ -> (reached|missed)", lines[0]), lines
 
 

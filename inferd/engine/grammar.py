@@ -84,15 +84,18 @@ class GrammarCompiler:
         return self._tokenizer().vocab_size
 
     def _compile(self, fmt: ResponseFormat) -> llguidance.LLMatcher:
-        schema = fmt.schema if fmt.type == "json_schema" else JSON_OBJECT_SCHEMA
-        options = {"whitespace_pattern": rf"[\x20\x0A\x0D\x09]{{0,{self.max_whitespace}}}"}
-        try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
-        except ValueError as exc:
-            raise GrammarError(f"the JSON schema must be a JSON object: {exc}") from exc
+        if fmt.type == "lark":
+            grammar, what = llguidance.LLMatcher.grammar_from_lark(fmt.schema), "grammar"
+        else:
+            schema = fmt.schema if fmt.type == "json_schema" else JSON_OBJECT_SCHEMA
+            options = {"whitespace_pattern": rf"[\x20\x0A\x0D\x09]{{0,{self.max_whitespace}}}"}
+            try:
+                grammar, what = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options), "JSON schema"
+            except ValueError as exc:
+                raise GrammarError(f"the JSON schema must be a JSON object: {exc}") from exc
         matcher = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"the JSON schema cannot be used: {matcher.get_error()}")
+            raise GrammarError(f"the {what} cannot be used: {matcher.get_error()}")
         return matcher
 
     def _tokenizer(self) -> llguidance.LLTokenizer:

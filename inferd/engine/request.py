@@ -15,15 +15,16 @@ class EngineDeadError(Exception):
 
 @dataclass(slots=True, frozen=True)
 class ResponseFormat:
-    """Output constrained to JSON: any object ("json_object") or one matching a JSON schema ("json_schema")."""
+    """Output constrained to JSON: any object ("json_object") or one matching a JSON schema ("json_schema");
+    or to a grammar in llguidance's Lark dialect ("lark": tool calls, protocol/tools.py)."""
     type: str
-    schema: str | None = None  # the JSON schema as compact JSON text (the grammar cache's key)
+    schema: str | None = None  # the JSON schema as compact JSON text, or the grammar (the grammar cache's key)
 
     def __post_init__(self):
-        if self.type not in ("json_object", "json_schema"):
-            raise EngineError(f"response format type must be json_object or json_schema, not {self.type!r}")
-        if (self.type == "json_schema") != (self.schema is not None):
-            raise EngineError("a json_schema response format needs a schema, and only it takes one")
+        if self.type not in ("json_object", "json_schema", "lark"):
+            raise EngineError(f"response format type must be json_object, json_schema or lark, not {self.type!r}")
+        if (self.type != "json_object") != (self.schema is not None):
+            raise EngineError(f"a {self.type} response format needs its schema or grammar, and json_object none")
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ def plan(d: Deployment, key: KeyPolicy, body: SamplingRequest, raw: dict, price:
     tokenizer, max_model_len = d.model.tokenizer, d.model.max_model_len
     if isinstance(body, ChatCompletionRequest):
         try:
-            text = tokenizer.apply_chat_template(body.template_messages(), add_generation_prompt=True)
+            text = body.chat_prompt(tokenizer)
         except ValueError as exc:
             raise InvalidRequest(str(exc), param="messages") from None
         ids, param = [tokenizer.encode(text, add_special_tokens=False)], "messages"

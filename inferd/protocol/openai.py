@@ -1,15 +1,19 @@
 """The OpenAI request bodies (pydantic) as gateway and replica both read them, and the usage object."""
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferd.protocol.errors import ContextLengthExceeded, InvalidRequest
 from inferd.protocol.tokenizer import Tokenizer
+from inferd.protocol.tools import (BETWEEN, Function, call_text, instructions, native_tools, response_text,
+                                   schema_problem)
 
 MAX_SEED = 2**63
 MAX_CHOICES_PER_REQUEST = 256
 MAX_EMBEDDING_INPUTS = 2048
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap on /v1/completions' logprobs (alternatives per token)
+MAX_TOOLS = 128  # OpenAI's
 StopString = Annotated[str, Field(min_length=1)]
 Prompt = str | list[str] | list[int] | list[list[int]]
 
@@ -30,15 +34,67 @@ class TextPart(_Body):
     text: str
 
 
-class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+class FunctionCallBody(_Body):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
 
-    def as_template_dict(self) -> dict[str, str]:
-        role = "system" if self.role == "developer" else self.role
+
+class ToolCallBody(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallBody
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallBody] | None = None  # an assistant's past calls
+    tool_call_id: str | None = None  # a tool's result: the call it answers
+
+    @property
+    def text(self) -> str:
         if isinstance(self.content, list):
-            return {"role": role, "content": "\n".join(p.text for p in self.content)}
-        return {"role": role, "content": self.content or ""}
+            return "\n".join(p.text for p in self.content)
+        return self.content or ""
+
+    def as_template_dict(self, native_tools: bool = False) -> dict:
+        """The message as a chat template reads it; native_tools: the template writes calls and results itself
+        (Hugging Face's convention), else they are written in tools' generic format."""
+        role = "system" if self.role == "developer" else self.role
+        if self.role == "tool":
+            if native_tools:
+                return {"role": "tool", "content": self.text, "tool_call_id": self.tool_call_id}
+            return {"role": "user", "content": response_text(self.text)}
+        if not self.tool_calls:
+            return {"role": role, "content": self.text}
+        if native_tools:
+            calls = [{"type": "function", "id": c.id, "function": {"name": c.function.name,
+                                                                   "arguments": json.loads(c.function.arguments)}}
+                     for c in self.tool_calls]
+            return {"role": role, "content": self.text, "tool_calls": calls}
+        written = BETWEEN.join(call_text(c.function.name, c.function.arguments) for c in self.tool_calls)
+        return {"role": role, "content": f"{self.text}\n{written}" if self.text else written}
+
+
+class FunctionBody(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: bool | None = None  # accepted; the arguments always follow the schema
+
+
+class ToolBody(_Body):
+    type: Literal["function"]
+    function: FunctionBody
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JSONSchemaFormat(_Body):
@@ -123,15 +179,49 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[ToolBody] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
-    def _top_logprobs_needs_logprobs(self) -> "ChatCompletionRequest":
+    def _check_fields(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+        _check_history(self.messages)
+        _check_tools(self.tools or [], self.tool_choice)
+        if self.tool_mode() is not None and self.response_format and self.response_format.type != "text":
+            raise InvalidRequest("'response_format' cannot be used with tools unless tool_choice is 'none'",
+                                 param="response_format")
         return self
 
-    def template_messages(self) -> list[dict[str, str]]:
-        return [m.as_template_dict() for m in self.messages]
+    def tool_mode(self) -> str | None:
+        """How the answer may call the tools: "auto", "required", the one function's name; None: it may not."""
+        choice = self.tool_choice or ("auto" if self.tools else "none")
+        if not self.tools or choice == "none":
+            return None
+        return choice if isinstance(choice, str) else choice.function.name
+
+    def functions(self) -> list[Function]:
+        return [Function(t.function.name, t.function.description, t.function.parameters)
+                for t in self.tools or []]
+
+    def chat_prompt(self, tokenizer: Tokenizer) -> str:
+        """The prompt text: the conversation in the model's chat template, with the tools it may call (in the
+        template's own tools section, or in tools' generic format as system text). Raises ValueError."""
+        native = native_tools(tokenizer.chat_template)
+        messages = [m.as_template_dict(native) for m in self.messages]
+        mode = self.tool_mode()
+        if mode is None:
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        if native:
+            offered = [{"type": "function", "function": f.as_dict()} for f in self.functions()]
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=offered)
+        text = instructions(self.functions(), mode)
+        if messages[0]["role"] == "system":
+            messages[0] = messages[0] | {"content": f"{messages[0]['content']}\n\n{text}"}
+        else:
+            messages.insert(0, {"role": "system", "content": text})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -262,6 +352,38 @@ class EmbeddingRequest(_Body):
 
 
 # helpers
+
+def _check_history(messages: list[ChatMessage]) -> None:
+    for i, m in enumerate(messages):
+        if m.tool_calls and m.role != "assistant":
+            raise InvalidRequest("only an assistant message may hold 'tool_calls'", param=f"messages[{i}].tool_calls")
+        if m.role == "tool" and m.tool_call_id is None:
+            raise InvalidRequest("a tool message needs the 'tool_call_id' of the call it answers",
+                                 param=f"messages[{i}].tool_call_id")
+        for j, call in enumerate(m.tool_calls or []):
+            try:
+                json.loads(call.function.arguments)
+            except ValueError:
+                raise InvalidRequest("a call's 'arguments' must be JSON text",
+                                     param=f"messages[{i}].tool_calls[{j}].function.arguments") from None
+
+
+def _check_tools(offered: list[ToolBody], choice) -> None:
+    names = [t.function.name for t in offered]
+    if choice not in (None, "none") and not offered:
+        raise InvalidRequest("'tool_choice' needs 'tools'", param="tool_choice")
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        raise InvalidRequest(f"'tool_choice' names the function '{choice.function.name}', which is not in "
+                             "'tools'", param="tool_choice")
+    for i, tool in enumerate(offered):
+        if names.index(tool.function.name) != i:
+            raise InvalidRequest(f"two tools are named '{tool.function.name}'", param=f"tools[{i}].function.name")
+        if tool.function.parameters is not None:
+            problem = schema_problem(json.dumps(tool.function.parameters, separators=(",", ":")))
+            if problem:
+                raise InvalidRequest(f"the parameters of the tool '{tool.function.name}' are not a JSON schema "
+                                     f"inferd can enforce: {problem}", param=f"tools[{i}].function.parameters")
+
 
 def _embedding_input_problem(value: Any) -> str | None:
     """Why value is not a string, a list of strings, a list of token ids or a list of token-id lists."""

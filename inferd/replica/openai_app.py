@@ -23,9 +23,9 @@ from inferd.protocol.sse import SSE_DONE, SSEResponse, sse_event
 from inferd.protocol.tokenizer import Tokenizer
 from inferd.replica.errors import replica_error
 from inferd.replica.state import deadline_s
-from inferd.replica.responses import (ChoiceResult, Echo, ResponseMeta, chat_chunk, chat_logprobs, chat_response,
-                                      completion_chunk, completion_logprobs, completion_response, sampling_params,
-                                      usage_chunk)
+from inferd.replica.responses import (ChoiceResult, Echo, ResponseMeta, call_parsers, chat_chunk, chat_logprobs,
+                                      chat_response, completion_chunk, completion_logprobs, completion_response,
+                                      sampling_params, usage_chunk)
 from inferd.replica.metrics import ServerMetrics
 
 
@@ -99,7 +99,7 @@ class OpenAIRoutes:
     async def chat_completions(self, request: Request) -> Response:
         body = ChatCompletionRequest.model_validate(await read_json(request, self.config.max_body_bytes))
         self._check_model(body.model)
-        text = self.backend.tokenizer.apply_chat_template(body.template_messages(), add_generation_prompt=True)
+        text = body.chat_prompt(self.backend.tokenizer)
         prompt = self.backend.tokenizer.encode(text, add_special_tokens=False)
         jobs = self._jobs(request, body, [prompt])
         meta = self._meta("chatcmpl", request)
@@ -108,7 +108,8 @@ class OpenAIRoutes:
             return await self._stream(request, events)
         results = await unless_disconnected(request, self._collect(jobs))
         usage = _usage([len(prompt)], results)
-        return _unary(chat_response(meta, results, usage, self._token_bytes, bool(body.logprobs)), usage, results)
+        return _unary(chat_response(meta, results, usage, self._token_bytes, bool(body.logprobs),
+                                    call_parsers(body, len(jobs))), usage, results)
 
     async def completions(self, request: Request) -> Response:
         body = CompletionRequest.model_validate(await read_json(request, self.config.max_body_bytes))
@@ -240,6 +241,7 @@ class OpenAIRoutes:
     async def _chat_events(self, meta: ResponseMeta, body: ChatCompletionRequest, jobs: list[Job],
                            prompt_lens: list[int], usage_events: bool) -> AsyncGenerator[bytes, None]:
         usage, results, started = body.include_usage, [ChoiceResult(job.index) for job in jobs], [False] * len(jobs)
+        parsers = call_parsers(body, len(jobs))
         async with aclosing(self._outputs(jobs)) as outputs:
             async for index, out in outputs:
                 if not started[index]:
@@ -248,11 +250,20 @@ class OpenAIRoutes:
                                                _so_far(body, prompt_lens, results)))
                 results[index].count(out)
                 lps = chat_logprobs(out.logprobs, self._token_bytes) if body.logprobs and out.logprobs else None
-                if out.text or lps or out.finished:
-                    delta = {"content": out.text} if out.text else {}
-                    event = sse_event(chat_chunk(meta, index, delta, lps, _finish(out),
+                if parsers:  # the text, or each call's head and then its arguments in pieces
+                    deltas = parsers[index].feed(out.text)
+                else:
+                    deltas = [{"content": out.text}] if out.text else []
+                if not deltas and (lps or out.finished):
+                    deltas = [{}]
+                finish = _finish(out)
+                if finish == "stop" and parsers and parsers[index].complete:
+                    finish = "tool_calls"
+                for k, delta in enumerate(deltas):
+                    last = k == len(deltas) - 1
+                    event = sse_event(chat_chunk(meta, index, delta, lps if k == 0 else None, finish if last else None,
                                                  _so_far(body, prompt_lens, results)))
-                    yield event + _usage_comment(prompt_lens, results) if usage_events else event
+                    yield event + _usage_comment(prompt_lens, results) if usage_events and last else event
         if usage:
             yield sse_event(usage_chunk(meta, "chat.completion.chunk", _usage(prompt_lens, results)))
         yield SSE_DONE

@@ -4,7 +4,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inferd.engine.request import RequestOutput, ResponseFormat, SamplingParams, TokenLogprob
-from inferd.protocol.openai import MAX_SEED, ResponseFormatBody, SamplingRequest
+from inferd.protocol import tools
+from inferd.protocol.ids import new_id
+from inferd.protocol.openai import MAX_SEED, ChatCompletionRequest, SamplingRequest
 
 TokenBytes = Callable[[int], bytes]
 
@@ -30,12 +32,16 @@ def sampling_params(body: SamplingRequest, num_prompt_tokens: int, max_model_len
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         prompt_logprobs=body.prompt_logprobs(),
-        response_format=engine_format(body.response_format) if body.response_format else None,
+        response_format=engine_format(body),
     )
 
 
-def engine_format(rf: ResponseFormatBody) -> ResponseFormat | None:
-    if rf.type == "text":
+def engine_format(body: SamplingRequest) -> ResponseFormat | None:
+    """The grammar the answer follows: the tool calls' (protocol/tools.py), the response format's, or none."""
+    if isinstance(body, ChatCompletionRequest) and (mode := body.tool_mode()) is not None:
+        return ResponseFormat("lark", tools.grammar(body.functions(), mode, body.parallel_tool_calls is not False))
+    rf = body.response_format
+    if rf is None or rf.type == "text":
         return None
     if rf.type == "json_object":
         return ResponseFormat("json_object")
@@ -121,11 +127,24 @@ def completion_logprobs(lps: list[TokenLogprob], token_bytes: TokenBytes, text_o
 
 
 def chat_response(meta: ResponseMeta, choices: list[ChoiceResult], usage: dict, token_bytes: TokenBytes,
-                  with_logprobs: bool) -> dict:
-    body = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-             "logprobs": chat_logprobs(c.logprobs, token_bytes) if with_logprobs else None,
-             "finish_reason": c.finish_reason} for c in choices]
-    return _envelope(meta, "chat.completion") | {"choices": body, "usage": usage}
+                  with_logprobs: bool, parsers: list[tools.CallParser] | None = None) -> dict:
+    """parsers: one per choice where the answer may call tools (call_parsers)."""
+    def choice(c: ChoiceResult) -> dict:
+        message, finish = {"role": "assistant", "content": c.text}, c.finish_reason
+        if parsers and (calls := parsers[c.index].finished(c.text)):  # a call cut at max_tokens is left out
+            message = {"role": "assistant", "content": None, "tool_calls": [call.as_dict() for call in calls]}
+            finish = "tool_calls" if finish == "stop" else finish
+        return {"index": c.index, "message": message,
+                "logprobs": chat_logprobs(c.logprobs, token_bytes) if with_logprobs else None, "finish_reason": finish}
+    return _envelope(meta, "chat.completion") | {"choices": [choice(c) for c in choices], "usage": usage}
+
+
+def call_parsers(body: ChatCompletionRequest, n: int) -> list[tools.CallParser] | None:
+    """A parser per choice of an answer that may call tools, else None."""
+    mode = body.tool_mode()
+    if mode is None:
+        return None
+    return [tools.CallParser(f"call_{new_id()}", auto=mode == "auto") for _ in range(n)]
 
 
 def chat_chunk(meta: ResponseMeta, index: int, delta: dict, logprobs: dict | None, finish_reason: str | None,

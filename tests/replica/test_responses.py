@@ -36,7 +36,7 @@ def test_content_parts_and_developer_role():
         {"role": "developer", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": None}]})
-    assert req.template_messages() == [{"role": "system", "content": "be brief"},
+    assert [m.as_template_dict() for m in req.messages] == [{"role": "system", "content": "be brief"},
                                        {"role": "user", "content": "a\nb"}, {"role": "assistant", "content": ""}]
 
 
