@@ -18,6 +18,7 @@ import numpy as np
 from hypothesis import strategies as st
 from starlette.routing import Route, compile_path
 
+from inferd.protocol.anthropic import PATHS as ANTHROPIC_PATHS
 from inferd.protocol.policy import packb, unpackb
 
 KEY_CHARS = st.characters(min_codepoint=0x21, max_codepoint=0x2ff, exclude_characters=[chr(c) for c in range(0x7f, 0xa0)])
@@ -166,6 +167,10 @@ def check_answer(req: Hostile, r: httpx.Response, eps: list[Endpoint], server_er
     if r.status_code < 400 or path.startswith("/console"):
         return
     body = r.json()
+    if path in ANTHROPIC_PATHS:  # Anthropic's shape
+        assert isinstance(body, dict) and list(body) == ["type", "error"] and body["type"] == "error", what
+        assert list(body["error"]) == ["type", "message"] and isinstance(body["error"]["message"], str), what
+        return
     assert isinstance(body, dict) and list(body) == ["error"], what
     if any(compile_path(e.path)[0].match(path) for e in eps if e.path.startswith("/v2")):  # the OIP's routes
         assert isinstance(body["error"], str), what

@@ -45,8 +45,8 @@ def url(smollm2_server):
 
 
 def test_the_quickstart_has_what_this_module_runs():
-    assert len(blocks("python")) == 3 and len([b for b in blocks("sh") if b.startswith("curl ")]) == 1
-    assert "pip install openai" in quickstart()
+    assert len(blocks("python")) == 4 and len([b for b in blocks("sh") if b.startswith("curl ")]) == 1
+    assert "pip install openai" in quickstart() and "pip install anthropic" in quickstart()
 
 
 def test_the_openai_snippet(url):
@@ -63,8 +63,13 @@ def test_the_tool_call_snippet(url):
     assert isinstance(json.loads("\n".join(lines[1:]))["city"], str), lines  # the model may indent its JSON
 
 
-def test_the_robot_snippet(url):
+def test_the_anthropic_snippet(url):
     lines = run_python(for_server(blocks("python")[2], url))
+    assert any(line.strip() for line in lines), lines  # the model's reply
+
+
+def test_the_robot_snippet(url):
+    lines = run_python(for_server(blocks("python")[3], url))
     assert len(lines) == 1 and re.fullmatch(r".+ -> (reached|missed)", lines[0]), lines
 
 

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from inferd.gateway import admin, classical, embeddings, runtimes, text
 from inferd.gateway.async_jobs import AsyncJobStore, AsyncRoutes, wants_async
 from inferd.gateway.async_runner import AsyncRunner
-from inferd.gateway.auth import KeyCache, client_address
+from inferd.gateway.auth import KeyCache, authorization, client_address
 from inferd.gateway.batch_runner import BatchRunner
 from inferd.gateway.batches import BatchRoutes, BatchStore
 from inferd.gateway.charges import Charges
@@ -187,7 +187,7 @@ class GatewayRoutes:
         return JSONResponse({"status": "ready" if ok else "not ready"}, status_code=200 if ok else 503)
 
     async def models(self, request: Request) -> Response:
-        key = await self.gw.keys.authenticate(request.headers.get("authorization"), client_address(request))
+        key = await self.gw.keys.authenticate(authorization(request), client_address(request))
         cards = [d.tenant_card() for d in self.gw.deployments.by_name.values() if key.may_use(d.name)]
         return JSONResponse({"object": "list", "data": cards})
 

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inferd.gateway import leases, webhooks
-from inferd.gateway.auth import client_address
+from inferd.gateway.auth import authorization, client_address
 from inferd.gateway.batch_runner import queued_tokens_cap
 from inferd.gateway.files import list_page, page_limit
 from inferd.gateway.kinds import Operation
@@ -197,7 +197,7 @@ class AsyncRoutes:
                 Route("/v1/async/{job_id}/cancel", self.cancel, methods=["POST"])]
 
     async def _key(self, request: Request):
-        return await self.gw.keys.authenticate(request.headers.get("authorization"), client_address(request))
+        return await self.gw.keys.authenticate(authorization(request), client_address(request))
 
     async def submit(self, request: Request, op: Operation) -> Response:
         """The 202 for a request that asked to be answered asynchronously; its checks are the sync route's."""

@@ -65,6 +65,14 @@ class FailedAuthentications:
         return min(self.burst, level + (self._clock() - at) * self.per_s)
 
 
+def authorization(request) -> str | None:
+    """The request's credentials as an Authorization header value: that header, else Anthropic's x-api-key."""
+    if (value := request.headers.get("authorization")) is not None:
+        return value
+    key = request.headers.get("x-api-key")
+    return None if key is None else f"Bearer {key}"
+
+
 def client_address(request) -> str | None:
     """The peer's address (behind a proxy every client is the proxy's address: they share one allowance)."""
     return request.client.host if request.client else None

@@ -47,7 +47,8 @@ ENDING = ("in_progress", "cancelling", "finalizing")  # the statuses finalizing 
 class BatchRunner:
     def __init__(self, gateway):
         self.gw = gateway
-        self.operations: dict[str, Operation] = {op.path: op for op in (*text.OPERATIONS, *embeddings.OPERATIONS)}
+        self.operations: dict[str, Operation] = {  # OpenAI's Batch API: its endpoints, answered in its shapes
+            op.path: op for op in (*text.OPERATIONS, *embeddings.OPERATIONS) if op.answer is None}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._driving: dict[str, asyncio.Task] = {}

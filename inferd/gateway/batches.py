@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inferd.gateway import leases
-from inferd.gateway.auth import client_address
+from inferd.gateway.auth import authorization, client_address
 from inferd.gateway.files import list_page, page_limit
 from inferd.gateway.kinds import Operation
 from inferd.gateway.tables import batch_lines, batches
@@ -261,7 +261,7 @@ class BatchRoutes:
                 Route("/v1/batches/{batch_id}/cancel", self.cancel, methods=["POST"])]
 
     async def _key(self, request: Request):
-        return await self.gw.keys.authenticate(request.headers.get("authorization"), client_address(request))
+        return await self.gw.keys.authenticate(authorization(request), client_address(request))
 
     async def create(self, request: Request) -> Response:
         key = await self._key(request)

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from inferd.gateway.auth import client_address
+from inferd.gateway.auth import authorization, client_address
 from inferd.gateway.charges import Plan, check_request_limits
 from inferd.gateway.config import ModelPrice
 from inferd.gateway.deployments import ClassicalModel, Deployment
@@ -99,7 +99,7 @@ class OIPRoutes:
         return JSONResponse({"name": d.name, "ready": ok}, status_code=200 if ok else 503)
 
     async def _key(self, request: Request) -> KeyPolicy:
-        return await self.gw.keys.authenticate(request.headers.get("authorization"), client_address(request))
+        return await self.gw.keys.authenticate(authorization(request), client_address(request))
 
     async def _deployment(self, request: Request) -> Deployment:
         """The classical deployment the path names, if the key may use it (else 404: it is not there for it)."""

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from inferd.gateway.auth import client_address
+from inferd.gateway.auth import authorization, client_address
 from inferd.gateway.tables import files
 from inferd.protocol.errors import InvalidRequest, NotFound, PayloadTooLarge
 from inferd.protocol.http import read_body
@@ -177,7 +177,7 @@ class FileRoutes:
                 Route("/v1/files/{file_id}/content", self.content, methods=["GET"])]
 
     async def _tenant(self, request: Request) -> str:
-        key = await self.gw.keys.authenticate(request.headers.get("authorization"), client_address(request))
+        key = await self.gw.keys.authenticate(authorization(request), client_address(request))
         return key.tenant.id
 
     async def create(self, request: Request) -> Response:

@@ -7,7 +7,7 @@ The lifecycle (lifecycle.py) is written once; each kind's module (text.py, ...) 
 """
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -21,6 +21,13 @@ Planner = Callable[[Deployment, KeyPolicy, Any, dict, ModelPrice], Plan]  # depl
 OutputCap = Callable[[Plan, int, ModelPrice], Plan]  # the plan with at most N output units (degradation)
 
 
+class Answer(Protocol):
+    """An answer in another API than the replica's (Anthropic's messages over chat completions)."""
+    def whole(self, status: int, content: bytes) -> tuple[int, bytes]: ...
+    def events(self, data: bytes) -> bytes: ...  # whole SSE events of the replica's stream
+    def end(self) -> bytes: ...  # the stream's last bytes, once its records are written
+
+
 @dataclass(slots=True, frozen=True)
 class Operation:
     name: str  # gen_ai.operation.name: chat | text_completion | embeddings ...
@@ -32,3 +39,4 @@ class Operation:
     model_param: str | None = None  # the path parameter naming the model (None: the body's `model`)
     max_body_bytes: int | None = None  # the kind's own cap, below the gateway's
     decode: Callable[[bytes], Any] = decode_json  # the body's parser
+    answer: Callable[[Plan], Answer] | None = None  # None: the replica's answer as it is

@@ -30,7 +30,7 @@ from starlette.responses import Response
 
 from inferd.gateway import relay, runtimes
 from inferd.gateway.admission import QueueRejected, Ticket
-from inferd.gateway.auth import KeyCache, client_address
+from inferd.gateway.auth import KeyCache, authorization, client_address
 from inferd.gateway.charges import (Charges, Plan, actual_amounts, queue_rejected, rate_limited,
                                     request_charges)
 from inferd.gateway.config import GatewayConfig, ModelPrice
@@ -169,8 +169,7 @@ class RequestPath:
                 "inferd.request_id": state.request_id}), batch_id=batch_id)
         try:
             with self._child("auth", x):
-                x.key = key or await self.keys.authenticate(request.headers.get("authorization"),
-                                                            client_address(request))
+                x.key = key or await self.keys.authenticate(authorization(request), client_address(request))
             if op.model_param is not None:  # named in the path: known before the body (a 413) is read
                 x.model = self._known(request.path_params[op.model_param])
             x.content = await read_body(request, min(op.max_body_bytes or self.config.max_body_bytes,
@@ -187,20 +186,22 @@ class RequestPath:
             x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
             async with cancelled_on_disconnect(request):
                 attempt, response, whole = await self._attempts(x, op, deployment, plan, body, raw)
-            answer = self._response_headers(x, attempt)
+            said, answer = self._response_headers(x, attempt), op.answer(plan) if op.answer else None
             if whole is not None:
-                content, passed = whole
-                yield Head(response.status_code, passed | answer, content)
+                status, content = response.status_code, whole[0]
+                if answer:
+                    status, content = answer.whole(status, content)
+                yield Head(status, whole[1] | said, content)
                 return
-            yield Head(200, answer)
+            yield Head(200, said)
             ours = attempt.deployment.internal_headers  # else the gateway keeps the deadline: first token by it
             attempt.outcome.planned_prompt_tokens = plan.prompt_tokens
             async for chunk in relay.relay_stream(response, attempt.outcome, x.arrival_s, ours, plan.usage_mode,
                                                   None if ours else x.deadline_s):
-                yield chunk
+                yield answer.events(chunk) if answer else chunk
             if attempt.outcome.stream_done:
                 await self._finish(x)  # the records are journaled before the client has the stream's end
-                yield SSE_DONE
+                yield answer.end() if answer else SSE_DONE
         except BaseException as exc:  # an API error, or the client went away (cancelled)
             if not x.attempts:
                 x.refusal = exc

@@ -1,10 +1,14 @@
-"""The text kind at the gateway: chat and completion bodies, counted in the model's own tokens and bounded."""
+"""The text kind at the gateway: chat and completion bodies, counted in the model's own tokens and bounded;
+Anthropic's messages, served as the chat completion of the same conversation and answered in its own shape."""
+from dataclasses import replace
+
 from inferd.gateway.charges import Plan, check_request_limits
 from inferd.gateway.config import ModelPrice
 from inferd.gateway.deployments import Deployment
 from inferd.gateway.kinds import Operation
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.runtimes import stream_options
+from inferd.protocol.anthropic import MessagesAnswer, MessagesRequest
 from inferd.protocol.errors import InvalidRequest
 from inferd.protocol.openai import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
@@ -43,9 +47,21 @@ def cap_output(p: Plan, cap: int, price: ModelPrice) -> Plan:
     """The plan with at most `cap` output tokens per choice (the degradation ladder's cap)."""
     body = dict(p.body, max_tokens=cap)
     body.pop("max_completion_tokens", None)
-    cost = price.cost_usd(p.prompt_tokens, 0, cap * p.num_outputs)
-    return Plan(p.prompt_tokens, cap, p.num_outputs, cost, body, p.stream, p.usage_mode, p.prompt_ids)
+    return replace(p, max_output_tokens=cap, cost_usd=price.cost_usd(p.prompt_tokens, 0, cap * p.num_outputs),
+                   body=body)
+
+
+def plan_messages(d: Deployment, key: KeyPolicy, body: MessagesRequest, raw: dict, price: ModelPrice) -> Plan:
+    """A messages request planned as its chat completion, which the replica is sent."""
+    chat = body.chat()
+    return replace(plan(d, key, ChatCompletionRequest.model_validate(chat), chat, price), path="/v1/chat/completions")
+
+
+def messages_answer(p: Plan) -> MessagesAnswer:
+    return MessagesAnswer(p.prompt_tokens)
 
 
 OPERATIONS = (Operation("chat", "/v1/chat/completions", ChatCompletionRequest, "text", plan, cap_output),
-              Operation("text_completion", "/v1/completions", CompletionRequest, "text", plan, cap_output))
+              Operation("text_completion", "/v1/completions", CompletionRequest, "text", plan, cap_output),
+              Operation("chat", "/v1/messages", MessagesRequest, "text", plan_messages, cap_output,
+                        answer=messages_answer))

@@ -1,7 +1,7 @@
 """What every route of gateway and replica shares: request id, API key, body reading, disconnects, errors.
 
 Errors take the shape of the API they answer: the Open Inference Protocol's (`{"error": "..."}`) on its
-paths (oip.PATHS), OpenAI's everywhere else, an unknown route under /v2/ included. Every app answers the
+paths (oip.PATHS), Anthropic's on its messages paths (anthropic.PATHS), OpenAI's everywhere else, an unknown route under /v2/ included. Every app answers the
 router's own 404 and 405 (HTTPException) through http_exception_handler, in the same shape."""
 import asyncio
 import hmac
@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferd.protocol.anthropic import PATHS as ANTHROPIC_PATHS, error_response as anthropic_error_response
 from inferd.protocol.errors import (APIError, AuthenticationFailed, ClientClosedRequest, PayloadTooLarge,
                                     error_response, to_api_error)
 from inferd.protocol.headers import REQUEST_ID as REQUEST_ID_HEADER
@@ -128,6 +129,8 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
 def error_response_for(path: str, exc: BaseException, map_error=to_api_error) -> Response:
     if OIP_PATHS.fullmatch(path):
         return oip_error_response(exc, map_error)
+    if path in ANTHROPIC_PATHS:
+        return anthropic_error_response(exc, map_error)
     return error_response(exc, map_error)
 
 
