@@ -201,7 +201,8 @@ def step_cost(url: str, key: str, rounds: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vllm-python", default=os.environ.get("INFERD_VLLM_PYTHON") or str(ROOT / ".venv-vllm/bin/python"))
+    ap.add_argument("--vllm-python",
+                    default=os.environ.get("INFERD_VLLM_PYTHON") or str(ROOT / ".venv-vllm/bin/python"))
     ap.add_argument("--servers", default="inferd,vllm")
     ap.add_argument("--repeats", type=int, default=3, help="seeds per prompt at temperature 1")
     ap.add_argument("--concurrency", type=int, default=4)

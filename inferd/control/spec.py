@@ -42,9 +42,11 @@ class ExternalSpec:
     model: str | None = None  # the upstream's model id (default: the deployment's name)
     tokenizer: str | None = None  # counts tokens for limits and billing (default: the packaged model's)
     max_model_len: int = 8192
+    api: str = "openai"  # the protocol it speaks: openai (chat completions) or anthropic (messages)
 
 
 ENGINES = ("inferd", "vllm", "llama.cpp")
+EXTERNAL_APIS = ("openai", "anthropic")
 
 
 PLACEMENTS = ("local", "in_process", "ray")
@@ -435,6 +437,8 @@ def _check_engine(d: DeploymentSpec, where: str) -> None:
 def _check_external(e: ExternalSpec, where: str) -> None:
     if not e.base_url.startswith(("http://", "https://")):
         raise SpecError(f"{where}.base_url: must be an http(s) URL")
+    if e.api not in EXTERNAL_APIS:
+        raise SpecError(f"{where}.api: must be one of {', '.join(EXTERNAL_APIS)}")
     if e.api_key_env is not None and e.api_key_env not in os.environ:
         raise SpecError(f"{where}.api_key_env: ${e.api_key_env} is not set")
 

@@ -7,6 +7,8 @@ request is the router's choice (inferd.router).
 import time
 from dataclasses import dataclass, field
 
+import httpx
+
 from inferd.gateway.admission import AdmissionQueue
 from inferd.gateway.degrade import Degrader
 from inferd.protocol.classical import TabularSchema
@@ -93,6 +95,7 @@ class Upstream:
     draining: bool = False  # being scaled down: no new requests, running ones finish (inferd.control.pool)
     inflight: int = 0  # requests running there (enter/leave)
     inflight_tokens: int = 0  # their reserved tokens
+    transport: httpx.AsyncBaseTransport | None = None  # its own (a provider's protocol: providers.py); None: the gateway's
 
     def __post_init__(self):
         self.base_url = self.base_url.rstrip("/").removesuffix("/v1")
@@ -117,7 +120,7 @@ class Deployment:
     version: str = "v1"
     upstream_model: str | None = None  # the model id the upstream expects, if not `name`
     internal_headers: bool = True  # ours (x-inferd-* headers, usage events) or an external server
-    runtime: str = "inferd"  # what its replicas run: inferd | vllm | llama.cpp (started by inferd) | openai (external)
+    runtime: str = "inferd"  # what its replicas run: inferd | vllm | llama.cpp (started by inferd); openai | anthropic
     card: dict = field(default_factory=dict)  # GET /admin/models; a tenant's /v1/models: tenant_card()
     router: Router = field(default_factory=Router)
     fallbacks: list[str] = field(default_factory=list)  # deployments that take the requests this one fails

@@ -375,7 +375,7 @@ class RequestPath:
             else trace.INVALID_SPAN
         fields = runtimes.request_fields(d, x.key.tenant.id, x.priority_class)
         body = x.content if plan.body is None else _json_bytes(plan.body | fields if fields else plan.body)
-        response = await relay.send(self.transport, self._url(upstream, plan.path or op.path),
+        response = await relay.send(upstream.transport or self.transport, self._url(upstream, plan.path or op.path),
                                     self._upstream_headers(x, attempt), body, attempt.outcome)
         if response is None:
             if attempt.outcome.unreachable:

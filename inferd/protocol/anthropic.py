@@ -4,6 +4,7 @@ error shape. The gateway runs a messages request through the same lifecycle as a
 (gateway/text.py), so keys, limits, admission, usage records and prices are the same whichever API it came by.
 """
 import json
+import time
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -277,3 +278,163 @@ def whole_error(status: int, content: bytes) -> tuple[int, bytes]:
     if code != Overloaded.code:
         err.status = status
     return status_of(err), orjson.dumps(error_body(err))
+
+
+# out: a provider that speaks this API, behind the gateway's chat completions (gateway/providers.py)
+
+FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
+                  "pause_turn": "stop", "refusal": "content_filter"}
+DEFAULT_MAX_TOKENS = 4096  # Anthropic requires max_tokens; a chat completion without one gets this
+
+
+def messages_body(chat: dict) -> dict:
+    """A chat completion body (as the gateway plans it) as a messages request. Raises ValueError for what the
+    API cannot take (n above 1)."""
+    if (chat.get("n") or 1) > 1:
+        raise ValueError("'n' above 1 is not supported by this provider")
+    system = [m["content"] for m in chat["messages"] if m["role"] in ("system", "developer")]
+    out: dict[str, Any] = {"model": chat["model"], "messages": [],
+                           "max_tokens": chat.get("max_completion_tokens") or chat.get("max_tokens")
+                           or DEFAULT_MAX_TOKENS}
+    for m in chat["messages"]:
+        if m["role"] not in ("system", "developer"):
+            _add_turn(out["messages"], *_turn(m))
+    if system:
+        out["system"] = "\n\n".join(_chat_text(s) for s in system)
+    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
+                         ("stream", "stream")):
+        if chat.get(ours) is not None:
+            out[theirs] = min(chat[ours], 1.0) if ours == "temperature" else chat[ours]
+    if chat.get("stop"):
+        out["stop_sequences"] = [chat["stop"]] if isinstance(chat["stop"], str) else chat["stop"]
+    if chat.get("user"):
+        out["metadata"] = {"user_id": chat["user"]}
+    if chat.get("tools"):
+        out["tools"] = [{"name": t["function"]["name"], "input_schema": t["function"].get("parameters")
+                         or {"type": "object", "properties": {}}}
+                        | ({"description": t["function"]["description"]} if t["function"].get("description") else {})
+                        for t in chat["tools"]]
+        choice = chat.get("tool_choice") or "auto"
+        out["tool_choice"] = {"type": {"auto": "auto", "required": "any", "none": "none"}[choice]} \
+            if isinstance(choice, str) else {"type": "tool", "name": choice["function"]["name"]}
+        if chat.get("parallel_tool_calls") is False and out["tool_choice"]["type"] != "none":
+            out["tool_choice"]["disable_parallel_tool_use"] = True
+    return out
+
+
+def _turn(m: dict) -> tuple[str, list[dict]]:
+    if m["role"] == "tool":
+        return "user", [{"type": "tool_result", "tool_use_id": m.get("tool_call_id") or "",
+                         "content": _chat_text(m.get("content"))}]
+    blocks = [{"type": "text", "text": text}] if (text := _chat_text(m.get("content"))) else []
+    for call in m.get("tool_calls") or []:
+        blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                       "input": json.loads(call["function"]["arguments"] or "{}")})
+    return m["role"], blocks
+
+
+def _add_turn(turns: list[dict], role: str, blocks: list[dict]) -> None:
+    """Consecutive turns of one role are one turn (tool results and the user's text after them)."""
+    if turns and turns[-1]["role"] == role:
+        turns[-1]["content"] += blocks
+    else:
+        turns.append({"role": role, "content": blocks})
+
+
+def _chat_text(content) -> str:
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content)
+    return content or ""
+
+
+def chat_completion(msg: dict) -> dict:
+    """A whole message as a chat completion."""
+    text = "".join(b["text"] for b in msg.get("content", []) if b.get("type") == "text")
+    calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": json.dumps(b["input"])}}
+             for b in msg.get("content", []) if b.get("type") == "tool_use"]
+    message = {"role": "assistant", "content": text or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    finish = FINISH_REASONS.get(msg.get("stop_reason"), "stop")
+    return {"id": "chatcmpl-" + str(msg.get("id", "")), "object": "chat.completion", "created": int(time.time()),
+            "model": msg.get("model"),
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+            "usage": chat_usage(msg.get("usage") or {})}
+
+
+def chat_usage(usage: dict) -> dict:
+    """Anthropic's usage as a chat completion's: every prompt token, those read from its cache among them."""
+    cached = usage.get("cache_read_input_tokens") or 0
+    prompt = (usage.get("input_tokens") or 0) + cached + (usage.get("cache_creation_input_tokens") or 0)
+    completion = usage.get("output_tokens") or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+class ChunkStream:
+    """A messages stream's events in (whole SSE events), chat completion chunks out, then `data: [DONE]`."""
+
+    def __init__(self):
+        self.head: dict = {}
+        self.usage: dict = {}
+        self.calls = 0  # tool_use blocks so far: the index of the next call
+
+    def events(self, data: bytes) -> bytes:
+        out: list[bytes] = []
+        for event in data.split(b"\n\n"):
+            line = next((raw for raw in event.split(b"\n") if raw.startswith(b"data:")), None)
+            if line is not None:
+                out += self._event(orjson.loads(line[5:]))
+        return b"".join(out)
+
+    def _event(self, e: dict) -> list[bytes]:
+        kind = e.get("type")
+        if kind == "message_start":
+            message = e["message"]
+            self.head = {"id": "chatcmpl-" + str(message.get("id", "")), "object": "chat.completion.chunk",
+                         "created": int(time.time()), "model": message.get("model")}
+            self.usage = message.get("usage") or {}
+            return [self._chunk({"role": "assistant", "content": ""})]
+        if kind == "content_block_start" and e["content_block"].get("type") == "tool_use":
+            block = e["content_block"]
+            self.calls += 1
+            return [self._chunk({"tool_calls": [{"index": self.calls - 1, "id": block["id"], "type": "function",
+                                                 "function": {"name": block["name"], "arguments": ""}}]})]
+        if kind == "content_block_delta":
+            delta = e["delta"]
+            if delta.get("type") == "text_delta":
+                return [self._chunk({"content": delta["text"]})]
+            if delta.get("type") == "input_json_delta" and delta.get("partial_json"):
+                return [self._chunk({"tool_calls": [{"index": self.calls - 1,
+                                                     "function": {"arguments": delta["partial_json"]}}]})]
+        if kind == "message_delta":
+            self.usage = self.usage | {k: v for k, v in (e.get("usage") or {}).items() if v is not None}
+            finish = FINISH_REASONS.get((e.get("delta") or {}).get("stop_reason"), "stop")
+            return [self._chunk({}, finish)]
+        if kind == "message_stop":
+            usage = _sse(self.head | {"choices": [], "usage": chat_usage(self.usage)})
+            return [usage, b"data: [DONE]\n\n"]
+        if kind == "error":
+            return [_sse({"error": {"message": (e.get("error") or {}).get("message", "The provider failed."),
+                                    "type": "server_error", "param": None, "code": "upstream_error"}})]
+        return []
+
+    def _chunk(self, delta: dict, finish: str | None = None) -> bytes:
+        return _sse(self.head | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                              "finish_reason": finish}]})
+
+
+def _sse(payload: dict) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def chat_error(status: int, content: bytes) -> tuple[int, bytes]:
+    """A provider's error answer in OpenAI's shape; its 529 (overloaded) is a 503, which a fallback may take."""
+    try:
+        error = orjson.loads(content)["error"]
+        message, kind = str(error["message"]), str(error.get("type"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, kind = "The provider failed.", "api_error"
+    if status == OVERLOADED:
+        status, kind = 503, "upstream_overloaded"
+    return status, orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": kind}})

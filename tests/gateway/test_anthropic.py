@@ -52,10 +52,12 @@ def test_a_message_is_sent_as_its_chat_completion_and_answered_as_a_message(tmp_
     gw, key, replicas, records = serving(tmp_path, answer)
     with TestClient(build_gateway_app(gw)) as http:
         m = client_of(http, key).messages.create(
-            model="m", max_tokens=9, system="be brief", stop_sequences=["END"], extra_body={"temperature": 0.5, "top_k": 4},
+            model="m", max_tokens=9, system="be brief", stop_sequences=["END"],
+            extra_body={"temperature": 0.5, "top_k": 4},
             tools=[CLOCK], tool_choice={"type": "tool", "name": "clock", "disable_parallel_tool_use": True},
             metadata={"user_id": "u1"}, messages=ASK + [
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "clock", "input": {"zone": 1}}]},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t1", "name": "clock", "input": {"zone": 1}}]},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "12:00"},
                                              {"type": "text", "text": "and now?"}]}])
     sent = json.loads(replicas.requests[0].content)

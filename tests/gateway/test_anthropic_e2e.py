@@ -95,8 +95,8 @@ def test_errors_are_the_sdks_exceptions(client, url, smollm2_server):
         client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
-    limited = anthropic.Anthropic(base_url=url, api_key=new_tenant_key(smollm2_server[1], "anthropic-rpm", "--rpm", "1"),
-                                  max_retries=0)
+    key = new_tenant_key(smollm2_server[1], "anthropic-rpm", "--rpm", "1")
+    limited = anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
     limited.messages.create(model=MODEL, max_tokens=1, messages=ASK)
     with pytest.raises(anthropic.RateLimitError) as e:
         limited.messages.create(model=MODEL, max_tokens=1, messages=ASK)
