@@ -192,7 +192,7 @@ def _spec_deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
     e = d.external
     key = os.environ.get(e.api_key_env) if e.api_key_env else None
     if e.api == "anthropic":  # its models list is not OpenAI's: the card is the spec's
-        upstream = Upstream(e.base_url, key, name=d.name, transport=AnthropicTransport())
+        upstream = Upstream(e.base_url, key, name=d.name, transport=AnthropicTransport(bearer=e.auth == "bearer"))
         return deployment_for([upstream], config, d.name, e.tokenizer, e.max_model_len, queue, d.router, d.version,
                               runtime="anthropic", card={"id": e.model or d.name})
     upstream = Upstream(e.base_url, key, name=d.name)

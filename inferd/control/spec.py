@@ -43,6 +43,7 @@ class ExternalSpec:
     tokenizer: str | None = None  # counts tokens for limits and billing (default: the packaged model's)
     max_model_len: int = 8192
     api: str = "openai"  # the protocol it speaks: openai (chat completions) or anthropic (messages)
+    auth: str | None = None  # how the key is sent: bearer, or x-api-key (None: the api's own way)
 
 
 ENGINES = ("inferd", "vllm", "llama.cpp")
@@ -439,6 +440,8 @@ def _check_external(e: ExternalSpec, where: str) -> None:
         raise SpecError(f"{where}.base_url: must be an http(s) URL")
     if e.api not in EXTERNAL_APIS:
         raise SpecError(f"{where}.api: must be one of {', '.join(EXTERNAL_APIS)}")
+    if e.auth not in (None, "bearer", "x-api-key") or e.auth == "x-api-key" and e.api == "openai":
+        raise SpecError(f"{where}.auth: bearer, or x-api-key for api: anthropic")
     if e.api_key_env is not None and e.api_key_env not in os.environ:
         raise SpecError(f"{where}.api_key_env: ${e.api_key_env} is not set")
 

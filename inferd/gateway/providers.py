@@ -1,7 +1,8 @@
 """Hosted providers in their own protocols, behind the gateway's chat completions.
 
 An external deployment whose `api` is `anthropic` gets, through this transport, the chat completion the gateway
-planned as a messages request (its key as `x-api-key`, with `anthropic-version`), and its answer back as a chat
+planned as a messages request (its key as `x-api-key`, or a Bearer token with `auth: bearer`, and
+`anthropic-version`), and its answer back as a chat
 completion: whole, or as chunks translated event by event (protocol/anthropic.py). The request path, the relay
 and the usage records see only OpenAI's shape, so limits, fallbacks and billing work as for any upstream; the
 provider's usage is the record's, and its 529 (overloaded) a 503 that a fallback deployment may take.
@@ -19,8 +20,11 @@ CHAT_PATH, MESSAGES_PATH = "/chat/completions", "/messages"
 
 
 class AnthropicTransport(httpx.AsyncBaseTransport):
-    def __init__(self, inner: httpx.AsyncBaseTransport | None = None):
+    """bearer: the key as a Bearer token (a server that checks only that, as vLLM's), else as x-api-key."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport | None = None, bearer: bool = False):
         self.inner = inner or httpx.AsyncHTTPTransport()
+        self.bearer = bearer
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if not request.url.path.endswith(CHAT_PATH):
@@ -29,9 +33,9 @@ class AnthropicTransport(httpx.AsyncBaseTransport):
             body = messages_body(json.loads(await request.aread()))
         except (ValueError, KeyError, TypeError) as exc:
             return _error(400, str(exc))
-        key = request.headers.get("authorization", "").removeprefix("Bearer ")
-        out = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION} | (
-            {"x-api-key": key} if key else {})
+        out = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
+        if key := request.headers.get("authorization", "").removeprefix("Bearer "):
+            out |= {"authorization": f"Bearer {key}"} if self.bearer else {"x-api-key": key}
         url = request.url.copy_with(path=request.url.path.removesuffix(CHAT_PATH) + MESSAGES_PATH)
         response = await self.inner.handle_async_request(httpx.Request(
             "POST", url, headers=out, content=orjson.dumps(body), extensions=request.extensions))
