@@ -44,10 +44,11 @@ class ExternalSpec:
     max_model_len: int = 8192
     api: str = "openai"  # the protocol it speaks: openai (chat completions) or anthropic (messages)
     auth: str | None = None  # how the key is sent: bearer, or x-api-key (None: the api's own way)
+    api_version: str = "2024-10-21"  # Azure OpenAI's api-version
 
 
 ENGINES = ("inferd", "vllm", "llama.cpp")
-EXTERNAL_APIS = ("openai", "anthropic")
+EXTERNAL_APIS = ("openai", "anthropic", "azure", "gemini")
 
 
 PLACEMENTS = ("local", "in_process", "ray")

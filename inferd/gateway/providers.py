@@ -1,64 +1,141 @@
 """Hosted providers in their own protocols, behind the gateway's chat completions.
 
-An external deployment whose `api` is `anthropic` gets, through this transport, the chat completion the gateway
-planned as a messages request (its key as `x-api-key`, or a Bearer token with `auth: bearer`, and
-`anthropic-version`), and its answer back as a chat
-completion: whole, or as chunks translated event by event (protocol/anthropic.py). The request path, the relay
-and the usage records see only OpenAI's shape, so limits, fallbacks and billing work as for any upstream; the
-provider's usage is the record's, and its 529 (overloaded) a 503 that a fallback deployment may take.
+Each transport here sits between the gateway and one external deployment's provider (Upstream.transport);
+control/launch.py picks it by the deployment's `api`.
+
+An external deployment whose `api` is `anthropic` or `gemini` gets, through its transport, the chat completion the
+gateway planned in that provider's protocol, and its answer back as a chat completion: whole, or as chunks
+translated event by event (protocol/anthropic.py, protocol/gemini.py); `azure` is OpenAI's protocol at Azure's
+URLs. The request path, the relay and the usage records see only OpenAI's shape, so limits, fallbacks and billing
+work as for any upstream; the provider's usage is the record's, and an overloaded provider's answer (Anthropic's
+529) a 503 that a fallback deployment may take.
 """
 import json
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
 import httpx
 import orjson
 
-from inferd.protocol.anthropic import ChunkStream, chat_completion, chat_error, messages_body
+from inferd.protocol import anthropic, gemini
 
 ANTHROPIC_VERSION = "2023-06-01"
-CHAT_PATH, MESSAGES_PATH = "/chat/completions", "/messages"
+CHAT_PATH = "/v1/chat/completions"  # where the gateway sends a chat completion, after the deployment's base URL
 
 
-class AnthropicTransport(httpx.AsyncBaseTransport):
-    """bearer: the key as a Bearer token (a server that checks only that, as vLLM's), else as x-api-key."""
+class TranslatingTransport(httpx.AsyncBaseTransport, ABC):
+    """A chat completion out in a provider's own protocol, and its answer back as one: whole, or its stream's
+    events translated one by one as they come. Each provider says its URL, headers and translations."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport | None = None, bearer: bool = False):
+    def __init__(self, inner: httpx.AsyncBaseTransport | None = None):
         self.inner = inner or httpx.AsyncHTTPTransport()
-        self.bearer = bearer
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if not request.url.path.endswith(CHAT_PATH):
             return _error(404, f"{request.url.path} has no counterpart in this provider's API")
         try:
-            body = messages_body(json.loads(await request.aread()))
+            chat = json.loads(await request.aread())
+            body = self.request_body(chat)
         except (ValueError, KeyError, TypeError) as exc:
             return _error(400, str(exc))
-        out = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
-        if key := request.headers.get("authorization", "").removeprefix("Bearer "):
-            out |= {"authorization": f"Bearer {key}"} if self.bearer else {"x-api-key": key}
-        url = request.url.copy_with(path=request.url.path.removesuffix(CHAT_PATH) + MESSAGES_PATH)
+        key = request.headers.get("authorization", "").removeprefix("Bearer ")
+        url = request.url.copy_with(path=request.url.path.removesuffix(CHAT_PATH) + self.path(chat),
+                                    params=self.params(chat))
         response = await self.inner.handle_async_request(httpx.Request(
-            "POST", url, headers=out, content=orjson.dumps(body), extensions=request.extensions))
-        if response.status_code != 200 or not body.get("stream"):
+            "POST", url, headers={"content-type": "application/json"} | self.key_headers(key),
+            content=orjson.dumps(body), extensions=request.extensions))
+        if response.status_code != 200 or not chat.get("stream"):
             content = await response.aread()
             await response.aclose()
             if response.status_code != 200:
-                status, content = chat_error(response.status_code, content)
+                status, content = self.error(response.status_code, content)
                 return httpx.Response(status, content=content, headers={"content-type": "application/json"})
-            return httpx.Response(200, content=orjson.dumps(chat_completion(orjson.loads(content))),
+            return httpx.Response(200, content=orjson.dumps(self.answer(orjson.loads(content))),
                                   headers={"content-type": "application/json"})
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Chunks(response))
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                              stream=_Chunks(response, self.chunks()))
 
     async def aclose(self) -> None:
         await self.inner.aclose()
 
+    # what each provider says
+
+    @abstractmethod
+    def path(self, chat: dict) -> str:
+        """Where the chat completion goes, after the deployment's base URL (a /v1 at its end taken off)."""
+
+    def params(self, chat: dict) -> dict[str, str]:
+        return {}
+
+    @abstractmethod
+    def key_headers(self, key: str) -> dict[str, str]:
+        """The headers that carry the deployment's key (and the protocol's version)."""
+
+    @abstractmethod
+    def request_body(self, chat: dict) -> dict:
+        """The chat completion body in the provider's protocol; ValueError for what it cannot take."""
+
+    @abstractmethod
+    def answer(self, content: dict) -> dict:
+        """A whole answer as a chat completion."""
+
+    @abstractmethod
+    def chunks(self):
+        """A stream's translator: events(whole SSE events) -> chunks, end() -> what follows the last."""
+
+    @abstractmethod
+    def error(self, status: int, content: bytes) -> tuple[int, bytes]:
+        """An error answer in OpenAI's shape, and its status."""
+
+
+class AnthropicTransport(TranslatingTransport):
+    """Messages at {base_url}/messages; bearer: the key as a Bearer token (a server that checks only that, as
+    vLLM's), else as x-api-key."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport | None = None, bearer: bool = False):
+        super().__init__(inner)
+        self.bearer = bearer
+
+    def path(self, chat: dict) -> str:
+        return "/v1/messages"
+
+    def key_headers(self, key: str) -> dict[str, str]:
+        out = {"anthropic-version": ANTHROPIC_VERSION}
+        if key:
+            out |= {"authorization": f"Bearer {key}"} if self.bearer else {"x-api-key": key}
+        return out
+
+    request_body = staticmethod(anthropic.messages_body)
+    answer = staticmethod(anthropic.chat_completion)
+    chunks = staticmethod(anthropic.ChunkStream)
+    error = staticmethod(anthropic.chat_error)
+
+
+class GeminiTransport(TranslatingTransport):
+    """generateContent (streamGenerateContent with alt=sse) at {base_url}/models/{model}, the key as
+    x-goog-api-key."""
+
+    def path(self, chat: dict) -> str:
+        return f"/models/{chat['model']}:{'streamGenerateContent' if chat.get('stream') else 'generateContent'}"
+
+    def params(self, chat: dict) -> dict[str, str]:
+        return {"alt": "sse"} if chat.get("stream") else {}
+
+    def key_headers(self, key: str) -> dict[str, str]:
+        return {"x-goog-api-key": key} if key else {}
+
+    request_body = staticmethod(gemini.request_body)
+    answer = staticmethod(gemini.chat_completion)
+    chunks = staticmethod(gemini.ChunkStream)
+    error = staticmethod(gemini.chat_error)
+
 
 class _Chunks(httpx.AsyncByteStream):
-    """The provider's event stream as chat completion chunks, each event translated once it is whole."""
+    """A provider's event stream as chat completion chunks, each event translated once it is whole."""
 
-    def __init__(self, response: httpx.Response):
+    def __init__(self, response: httpx.Response, chunks):
         self.response = response
-        self.chunks = ChunkStream()
+        self.chunks = chunks
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         buffer = b""
@@ -67,9 +144,33 @@ class _Chunks(httpx.AsyncByteStream):
             buffer = events.pop()
             if out := self.chunks.events(b"\n\n".join(events)):
                 yield out
+        if out := self.chunks.events(buffer) + self.chunks.end():
+            yield out
 
     async def aclose(self) -> None:
         await self.response.aclose()
+
+
+class AzureTransport(httpx.AsyncBaseTransport):
+    """Azure OpenAI: OpenAI's bodies and answers, at {endpoint}/openai/deployments/{deployment}/{operation} with
+    its api-version, the key as `api-key`."""
+
+    def __init__(self, deployment: str, api_version: str, inner: httpx.AsyncBaseTransport | None = None):
+        self.deployment, self.api_version = deployment, api_version
+        self.inner = inner or httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        root, _, operation = request.url.path.rpartition("/v1/")
+        url = request.url.copy_with(path=f"{root}/openai/deployments/{self.deployment}/{operation}",
+                                    params={"api-version": self.api_version})
+        out = {k: v for k, v in request.headers.items() if k in ("content-type", "accept")}
+        if key := request.headers.get("authorization", "").removeprefix("Bearer "):
+            out["api-key"] = key
+        return await self.inner.handle_async_request(httpx.Request(
+            "POST", url, headers=out, content=await request.aread(), extensions=request.extensions))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def _error(status: int, message: str) -> httpx.Response:

@@ -387,6 +387,9 @@ class ChunkStream:
                 out += self._event(orjson.loads(line[5:]))
         return b"".join(out)
 
+    def end(self) -> bytes:
+        return b""  # message_stop said it all
+
     def _event(self, e: dict) -> list[bytes]:
         kind = e.get("type")
         if kind == "message_start":
