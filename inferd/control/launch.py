@@ -20,7 +20,7 @@ from inferd.models.sentence import DEFAULT_EMBEDDING_NAME
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.degrade import Degrader
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
-from inferd.gateway.providers import AnthropicTransport, AzureTransport, GeminiTransport
+from inferd.gateway.providers import AnthropicTransport, AzureTransport, BedrockTransport, GeminiTransport
 from inferd.gateway.transport import UpstreamTransport
 from inferd.router.router import Router
 from inferd.control.gateway_setup import deployment_for
@@ -194,7 +194,7 @@ def _spec_deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
     if e.api != "openai":  # a provider's own protocol (its models list is not OpenAI's: the card is the spec's)
         transport = {"anthropic": lambda: AnthropicTransport(bearer=e.auth == "bearer"),
                      "azure": lambda: AzureTransport(e.model or d.name, e.api_version),
-                     "gemini": GeminiTransport}[e.api]()
+                     "gemini": GeminiTransport, "bedrock": BedrockTransport}[e.api]()
         upstream = Upstream(e.base_url, key, name=d.name, transport=transport)
         return deployment_for([upstream], config, d.name, e.tokenizer, e.max_model_len, queue, d.router, d.version,
                               runtime=e.api, card={"id": e.model or d.name})

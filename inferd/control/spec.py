@@ -48,7 +48,7 @@ class ExternalSpec:
 
 
 ENGINES = ("inferd", "vllm", "llama.cpp")
-EXTERNAL_APIS = ("openai", "anthropic", "azure", "gemini")
+EXTERNAL_APIS = ("openai", "anthropic", "azure", "gemini", "bedrock")
 
 
 PLACEMENTS = ("local", "in_process", "ray")
@@ -443,8 +443,25 @@ def _check_external(e: ExternalSpec, where: str) -> None:
         raise SpecError(f"{where}.api: must be one of {', '.join(EXTERNAL_APIS)}")
     if e.auth not in (None, "bearer", "x-api-key") or e.auth == "x-api-key" and e.api == "openai":
         raise SpecError(f"{where}.auth: bearer, or x-api-key for api: anthropic")
+    if e.api == "bedrock":
+        _check_bedrock(e, where)
     if e.api_key_env is not None and e.api_key_env not in os.environ:
         raise SpecError(f"{where}.api_key_env: ${e.api_key_env} is not set")
+
+
+def _check_bedrock(e: ExternalSpec, where: str) -> None:
+    """What signing its requests needs: botocore, a region, and credentials (or a Bedrock API key)."""
+    try:
+        import botocore.session
+    except ImportError:
+        raise SpecError(f"{where}.api: bedrock needs botocore (pip install 'inferd[providers]')") from None
+    from inferd.gateway.providers import BEDROCK_HOST
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not BEDROCK_HOST.search(e.base_url) and not region:
+        raise SpecError(f"{where}.base_url: not bedrock-runtime.REGION.amazonaws.com, and $AWS_REGION is not set")
+    if e.api_key_env is None and botocore.session.get_session().get_credentials() is None:
+        raise SpecError(f"{where}: no AWS credentials found (the environment, ~/.aws, an instance role), and no "
+                        "api_key_env with a Bedrock API key")
 
 
 def _check_digest(kind: str, m: ModelSpec, where: str) -> None:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from inferd.protocol.errors import APIError, Overloaded, ServiceUnavailable, to_api_error
+from inferd.protocol.sse import EventSplitter, data_of, sse_event
 
 PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -234,7 +235,7 @@ class MessagesAnswer:
 
 
 def _event(kind: str, data: dict) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind} | data) + b"\n\n"
+    return sse_event({"type": kind} | data, kind)
 
 
 def _message_id(chat_id: str) -> str:
@@ -372,23 +373,26 @@ def chat_usage(usage: dict) -> dict:
 
 
 class ChunkStream:
-    """A messages stream's events in (whole SSE events), chat completion chunks out, then `data: [DONE]`."""
+    """A messages stream (its pieces, as they come) in, chat completion chunks out, then `data: [DONE]`."""
 
     def __init__(self):
         self.head: dict = {}
         self.usage: dict = {}
         self.calls = 0  # tool_use blocks so far: the index of the next call
+        self.split = EventSplitter()
 
-    def events(self, data: bytes) -> bytes:
-        out: list[bytes] = []
-        for event in data.split(b"\n\n"):
-            line = next((raw for raw in event.split(b"\n") if raw.startswith(b"data:")), None)
-            if line is not None:
-                out += self._event(orjson.loads(line[5:]))
-        return b"".join(out)
+    def feed(self, data: bytes) -> bytes:
+        return self._events(self.split.whole(data))
 
     def end(self) -> bytes:
-        return b""  # message_stop said it all
+        return self._events(self.split.rest())  # its message_stop ended the chunks
+
+    def _events(self, events: list[bytes]) -> bytes:
+        out: list[bytes] = []
+        for event in events:
+            if (data := data_of(event)) is not None:
+                out += self._event(orjson.loads(data))
+        return b"".join(out)
 
     def _event(self, e: dict) -> list[bytes]:
         kind = e.get("type")
@@ -415,20 +419,17 @@ class ChunkStream:
             finish = FINISH_REASONS.get((e.get("delta") or {}).get("stop_reason"), "stop")
             return [self._chunk({}, finish)]
         if kind == "message_stop":
-            usage = _sse(self.head | {"choices": [], "usage": chat_usage(self.usage)})
+            usage = sse_event(self.head | {"choices": [], "usage": chat_usage(self.usage)})
             return [usage, b"data: [DONE]\n\n"]
         if kind == "error":
-            return [_sse({"error": {"message": (e.get("error") or {}).get("message", "The provider failed."),
+            return [sse_event({"error": {"message": (e.get("error") or {}).get("message", "The provider failed."),
                                     "type": "server_error", "param": None, "code": "upstream_error"}})]
         return []
 
     def _chunk(self, delta: dict, finish: str | None = None) -> bytes:
-        return _sse(self.head | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
+        return sse_event(self.head | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
                                               "finish_reason": finish}]})
 
-
-def _sse(payload: dict) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def chat_error(status: int, content: bytes) -> tuple[int, bytes]:

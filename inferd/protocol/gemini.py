@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 
+from inferd.protocol.sse import EventSplitter, data_of, sse_event
+
 FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter", "RECITATION": "content_filter",
                   "BLOCKLIST": "content_filter", "PROHIBITED_CONTENT": "content_filter", "SPII": "content_filter"}
 CONFIG = {"max_completion_tokens": "maxOutputTokens", "max_tokens": "maxOutputTokens", "temperature": "temperature",
@@ -112,24 +114,28 @@ class ChunkStream:
         self.usage: dict = {}
         self.calls: dict[int, int] = {}  # calls so far, per choice
         self.failed = False
+        self.split = EventSplitter()
 
-    def events(self, data: bytes) -> bytes:
-        out: list[bytes] = []
-        for event in data.split(b"\n\n"):
-            line = next((raw for raw in event.split(b"\n") if raw.startswith(b"data:")), None)
-            if line is not None:
-                out += self._answer(orjson.loads(line[5:]))
-        return b"".join(out)
+    def feed(self, data: bytes) -> bytes:
+        return self._events(self.split.whole(data))
 
     def end(self) -> bytes:
+        out = self._events(self.split.rest())
         if self.failed or self.head is None:
-            return b""
-        return _sse(self.head | {"choices": [], "usage": chat_usage(self.usage)}) + b"data: [DONE]\n\n"
+            return out
+        return out + sse_event(self.head | {"choices": [], "usage": chat_usage(self.usage)}) + b"data: [DONE]\n\n"
+
+    def _events(self, events: list[bytes]) -> bytes:
+        out: list[bytes] = []
+        for event in events:
+            if (data := data_of(event)) is not None:
+                out += self._answer(orjson.loads(data))
+        return b"".join(out)
 
     def _answer(self, answer: dict) -> list[bytes]:
         if "error" in answer:
             self.failed = True
-            return [_sse({"error": {"message": str(answer["error"].get("message", "The provider failed.")),
+            return [sse_event({"error": {"message": str(answer["error"].get("message", "The provider failed.")),
                                     "type": "server_error", "param": None, "code": "upstream_error"}})]
         out = []
         if self.head is None:
@@ -152,12 +158,9 @@ class ChunkStream:
         return out
 
     def _chunk(self, index: int, delta: dict, finish: str | None = None) -> bytes:
-        return _sse(self.head | {"choices": [{"index": index, "delta": delta, "logprobs": None,
+        return sse_event(self.head | {"choices": [{"index": index, "delta": delta, "logprobs": None,
                                               "finish_reason": finish}]})
 
-
-def _sse(payload: dict) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def chat_error(status: int, content: bytes) -> tuple[int, bytes]:

@@ -11,12 +11,34 @@ SSE_DONE = b"data: [DONE]\n\n"
 LINE_SEPARATORS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
 
 
-def sse_event(payload: dict) -> bytes:
+def sse_event(payload: dict, event: str | None = None) -> bytes:
+    """One event: its JSON data, and its type for APIs that name their events (Anthropic's)."""
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
     for raw, escaped in LINE_SEPARATORS:
         if raw in data:
             data = data.replace(raw, escaped)
-    return b"data: " + data + b"\n\n"
+    return (b"event: " + event.encode() + b"\n" if event else b"") + b"data: " + data + b"\n\n"
+
+
+class EventSplitter:
+    """Whole events out of a stream's pieces (an event may come cut across two pieces)."""
+
+    def __init__(self):
+        self.buffer = b""
+
+    def whole(self, data: bytes) -> list[bytes]:
+        events = (self.buffer + data).replace(b"\r\n", b"\n").split(b"\n\n")
+        self.buffer = events.pop()
+        return events
+
+    def rest(self) -> list[bytes]:
+        rest, self.buffer = self.buffer, b""
+        return [rest] if rest.strip() else []
+
+
+def data_of(event: bytes) -> bytes | None:
+    """An event's data line (after `data:`), or None."""
+    return next((line[5:] for line in event.split(b"\n") if line.startswith(b"data:")), None)
 
 
 class SSEResponse(StreamingResponse):

@@ -98,9 +98,11 @@ def test_control_plane_errors_name_the_field(tmp_path, digest, edit, message):
     (("name: hosted", "name: smol"), "deployments[1].name: 'smol' has two stable versions"),
     (("model: gpt-4o-mini}", "model: gpt-4o-mini, api_key_env: INFERD_NO_SUCH_VAR}"),
      "deployments[1].external.api_key_env: $INFERD_NO_SUCH_VAR is not set"),
-    (("model: gpt-4o-mini}", "model: gpt-4o-mini, api: bedrock}"), "deployments[1].external.api: must be one of"),
+    (("model: gpt-4o-mini}", "model: gpt-4o-mini, api: watsonx}"), "deployments[1].external.api: must be one of"),
     (("model: gpt-4o-mini}", "model: gpt-4o-mini, auth: x-api-key}"),
      "deployments[1].external.auth: bearer, or x-api-key for api: anthropic"),
+    (("model: gpt-4o-mini}", "model: gpt-4o-mini, api: bedrock}"),
+     "deployments[1].external.base_url: not bedrock-runtime.REGION.amazonaws.com, and $AWS_REGION is not set"),
 ])
 def test_errors_name_the_field(tmp_path, digest, edit, message):
     with pytest.raises(SpecError, match=message.replace("$", r"\$").replace("[", r"\[").replace("]", r"\]")):

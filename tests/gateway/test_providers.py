@@ -3,6 +3,7 @@ transport translates to the provider, and the provider played by a mock that che
 provider's published API reference and answers in the reference's shapes. The providers' servers are out of
 reach here (no network); Anthropic's protocol is also checked against a real server in test_providers_e2e.py."""
 import json
+import zlib
 
 import httpx
 import openai
@@ -183,4 +184,148 @@ def test_gemini_errors_in_openais_shape(tmp_path, status, kind):
                       headers={"authorization": f"Bearer {key}"})
     assert r.status_code == status and r.json()["error"] == {"message": "no good", "type": kind.lower(),
                                                              "param": None, "code": kind.lower()}
+    assert [x.status for x in records] == ["failed"]
+
+
+# Bedrock: POST {base}/model/{modelId}/converse (converse-stream: AWS event-stream frames), signed with SigV4
+
+def frame(event_type: str, payload: dict, message_type: str = "event") -> bytes:
+    """One AWS event-stream message, as the format's reference lays it out: prelude (total and headers length,
+    its CRC32), string headers, the payload, the message's CRC32."""
+    headers = b""
+    for name, value in ((":event-type", event_type), (":message-type", message_type),
+                        (":content-type", "application/json")):
+        headers += bytes([len(name)]) + name.encode() + bytes([7]) + len(value).to_bytes(2, "big") + value.encode()
+    body = json.dumps(payload).encode()
+    prelude = (12 + len(headers) + len(body) + 4).to_bytes(4, "big") + len(headers).to_bytes(4, "big")
+    prelude += zlib.crc32(prelude).to_bytes(4, "big")
+    message = prelude + headers + body
+    return message + zlib.crc32(message).to_bytes(4, "big")
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+
+
+def signature_checked(request: httpx.Request) -> None:
+    """Signs the request as received again with botocore at its X-Amz-Date: the signature sent must be that."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    aws = AWSRequest("POST", str(request.url), data=request.content,
+                     headers={k: v for k, v in request.headers.items() if k in ("content-type", "host", "x-amz-date")})
+    aws.context["timestamp"] = request.headers["x-amz-date"]
+    auth = SigV4Auth(Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"), "bedrock", "eu-west-1")
+    expected = auth.signature(auth.string_to_sign(aws, auth.canonical_request(aws)), aws)
+    sent = request.headers["authorization"]
+    assert sent.startswith("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/") and "/eu-west-1/bedrock/aws4_request" in sent
+    assert sent.endswith(f"Signature={expected}")
+
+
+def bedrock_gateway(tmp_path, handler, key: str | None = None):
+    from inferd.gateway.providers import BedrockTransport
+    d = provider_deployment("https://bedrock-runtime.eu-west-1.amazonaws.com",
+                            BedrockTransport(inner=httpx.MockTransport(handler)), "bedrock")
+    d.upstreams[0].api_key = key
+    d.upstream_model = "anthropic.claude-3-haiku-20240307-v1:0"
+    return served(tmp_path, d)
+
+
+def test_bedrock_converse_signed_translated_and_answered(tmp_path, aws):
+    seen = []
+
+    def bedrock(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        signature_checked(request)
+        return httpx.Response(200, json={
+            "output": {"message": {"role": "assistant", "content": [
+                {"text": "Checking."},
+                {"toolUse": {"toolUseId": "tu1", "name": "get_weather", "input": {"city": "Oslo"}}}]}},
+            "stopReason": "tool_use", "usage": {"inputTokens": 20, "outputTokens": 9, "totalTokens": 29},
+            "metrics": {"latencyMs": 300}})
+    gw, key, records = bedrock_gateway(tmp_path, bedrock)
+    with TestClient(build_gateway_app(gw)) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=http, max_retries=0)
+        r = client.chat.completions.create(model="hosted", messages=HISTORY, max_tokens=7, tools=TOOLS,
+                                           tool_choice="required")
+    request = seen[0]
+    assert request.url.raw_path == b"/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse"
+    body = json.loads(request.content)
+    assert body["system"] == [{"text": "be brief"}] and body["inferenceConfig"] == {"maxTokens": 7}
+    assert body["messages"] == [
+        {"role": "user", "content": [{"text": "one two three"}]},
+        {"role": "assistant", "content": [{"toolUse": {"toolUseId": "c1", "name": "get_weather",
+                                                       "input": {"city": "Rome"}}}]},
+        {"role": "user", "content": [{"toolResult": {"toolUseId": "c1", "content": [{"text": "sunny"}]}}]}]
+    assert body["toolConfig"] == {"tools": [{"toolSpec": {"name": "get_weather", "description": "Weather",
+                                                          "inputSchema": {"json": CITY}}}], "toolChoice": {"any": {}}}
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [
+        ("tu1", "get_weather", {"city": "Oslo"})]
+    assert [(x.status, x.prompt_tokens, x.completion_tokens) for x in records] == [("completed", 20, 9)]
+
+
+def test_bedrock_converse_stream_frames_as_chunks(tmp_path, aws):
+    def bedrock(request: httpx.Request) -> httpx.Response:
+        signature_checked(request)
+        assert request.url.path.endswith("/converse-stream")
+        frames = [frame("messageStart", {"role": "assistant"}),
+                  frame("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "Hel"}}),
+                  frame("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "lo"}}),
+                  frame("contentBlockStop", {"contentBlockIndex": 0}),
+                  frame("contentBlockStart", {"contentBlockIndex": 1, "start": {"toolUse": {
+                      "toolUseId": "tu2", "name": "get_weather"}}}),
+                  frame("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": '{"city":'}}}),
+                  frame("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": ' "Rome"}'}}}),
+                  frame("contentBlockStop", {"contentBlockIndex": 1}),
+                  frame("messageStop", {"stopReason": "tool_use"}),
+                  frame("metadata", {"usage": {"inputTokens": 12, "outputTokens": 8, "totalTokens": 20},
+                                     "metrics": {"latencyMs": 90}})]
+        data = b"".join(frames)
+        pieces = [data[i:i + 37] for i in range(0, len(data), 37)]  # frames cut across the stream's pieces
+        return httpx.Response(200, stream=httpx.ByteStream(b"".join(pieces)),
+                              headers={"content-type": "application/vnd.amazon.eventstream"})
+    gw, key, records = bedrock_gateway(tmp_path, bedrock)
+    with TestClient(build_gateway_app(gw)) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=http, max_retries=0)
+        chunks = list(client.chat.completions.create(model="hosted", messages=ASK, max_tokens=9, stream=True,
+                                                     stream_options={"include_usage": True}, tools=TOOLS))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello"
+    calls = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert calls[0].id == "tu2" and calls[0].function.name == "get_weather"
+    assert json.loads("".join(d.function.arguments or "" for d in calls)) == {"city": "Rome"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage.prompt_tokens == 12 and chunks[-1].usage.completion_tokens == 8
+    assert [(x.status, x.completion_tokens) for x in records] == [("completed", 8)]
+
+
+def test_bedrock_with_an_api_key_sends_it_as_a_bearer_token_and_its_errors_keep_their_status(tmp_path, aws):
+    def bedrock(request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == "Bearer bedrock-api-key"
+        return httpx.Response(429, json={"message": "Too many requests, please wait before trying again."},
+                              headers={"x-amzn-errortype": "ThrottlingException"})
+    gw, key, records = bedrock_gateway(tmp_path, bedrock, key="bedrock-api-key")
+    with TestClient(build_gateway_app(gw)) as http:
+        r = http.post("/v1/chat/completions", json={"model": "hosted", "messages": ASK, "max_tokens": 5},
+                      headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    assert "Too many requests" in r.json()["error"]["message"] and [x.status for x in records] == ["failed"]
+
+
+def test_an_answer_the_gateway_cannot_read_is_a_502_not_a_500(tmp_path):
+    from inferd.gateway.providers import GeminiTransport
+    d = provider_deployment("https://generativelanguage.googleapis.com/v1beta",
+                            GeminiTransport(inner=httpx.MockTransport(lambda r: httpx.Response(200, content=b"[1"))),
+                            "gemini")
+    gw, key, records = served(tmp_path, d)
+    with TestClient(build_gateway_app(gw)) as http:
+        r = http.post("/v1/chat/completions", json={"model": "hosted", "messages": ASK, "max_tokens": 5},
+                      headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
     assert [x.status for x in records] == ["failed"]

@@ -54,7 +54,7 @@ def event(kind: str, **data) -> bytes:
 
 def test_an_event_stream_as_chunks_then_done():
     stream = ChunkStream()
-    out = stream.events(b"".join([
+    out = stream.feed(b"".join([
         event("message_start", message={"id": "msg_2", "model": "claude-x", "usage": {"input_tokens": 9,
                                                                                       "output_tokens": 1}}),
         event("ping"),
@@ -77,7 +77,7 @@ def test_an_event_stream_as_chunks_then_done():
     assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[-1]["usage"]["prompt_tokens"] == 9 and chunks[-1]["usage"]["completion_tokens"] == 12
     assert {c["id"] for c in chunks} == {"chatcmpl-msg_2"}
-    failed = ChunkStream().events(event("error", error={"type": "overloaded_error", "message": "busy"}))
+    failed = ChunkStream().feed(event("error", error={"type": "overloaded_error", "message": "busy"}))
     assert json.loads(failed[6:])["error"]["message"] == "busy"
 
 
