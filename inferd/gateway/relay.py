@@ -133,7 +133,7 @@ async def read_whole(response: httpx.Response, outcome: Outcome, arrival_s: floa
         outcome.end("completed", 200)
     else:
         outcome.end("failed", response.status_code, _error_code(content))
-        if response.status_code >= 500:
+        if response.status_code >= 500 or response.status_code == 429:  # a fallback may take it (a provider's limit)
             outcome.retry_reason = f"http_{response.status_code}"
     return content, passed
 

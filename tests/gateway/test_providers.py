@@ -14,7 +14,7 @@ from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.gateway.app import build_gateway_app
 from inferd.gateway.deployments import Deployment, TextModel, Upstream
 from inferd.gateway.providers import AzureTransport
-from tests.gateway.test_lifecycle import Replicas, WordTokenizer, make_gateway
+from tests.gateway.test_lifecycle import Replicas, WordTokenizer, deployment, make_gateway
 
 ASK = [{"role": "user", "content": "one two three"}]
 SSE = {"content-type": "text/event-stream"}
@@ -329,3 +329,28 @@ def test_an_answer_the_gateway_cannot_read_is_a_502_not_a_500(tmp_path):
                       headers={"authorization": f"Bearer {key}"})
     assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
     assert [x.status for x in records] == ["failed"]
+
+
+def test_a_providers_429_goes_to_the_fallback_and_messages_come_back_in_anthropics_shape(tmp_path):
+    from inferd.gateway.providers import GeminiTransport
+
+    def limited(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, json={"error": {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED"}})
+
+    async def backup(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"id": "chatcmpl-b", "object": "chat.completion", "model": "b", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "from the backup"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
+    hosted = provider_deployment("https://generativelanguage.googleapis.com/v1beta",
+                                 GeminiTransport(inner=httpx.MockTransport(limited)), "gemini")
+    hosted.fallbacks = ["backup"]
+    gw, key = make_gateway(tmp_path, Replicas(b=backup), [hosted, deployment("backup", "b")])
+    records = []
+    gw.observers.append(records.append)
+    with TestClient(build_gateway_app(gw)) as http:
+        r = http.post("/v1/messages", json={"model": "hosted", "messages": ASK, "max_tokens": 5},
+                      headers={"x-api-key": key})
+    assert r.status_code == 200 and r.json()["content"] == [{"type": "text", "text": "from the backup"}]
+    assert r.headers["x-inferd-fallback"] == "hosted->backup"
+    assert [(x.model, x.status, x.http_status) for x in records] == [("hosted", "failed", 429),
+                                                                    ("backup", "completed", 200)]

@@ -76,3 +76,13 @@ def test_what_the_provider_cannot_take_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="hosted", messages=ASK, max_tokens=4, n=2)
     assert "'n'" in e.value.body["message"]
+
+
+def test_messages_to_a_provider_deployment_come_back_in_anthropics_shape(front):
+    import anthropic
+    client = anthropic.Anthropic(base_url=front[0], api_key=KEY, max_retries=0, timeout=120)
+    with client.messages.stream(model="hosted", max_tokens=8, messages=ASK, extra_body={"temperature": 0}) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    whole = client.messages.create(model="hosted", max_tokens=8, messages=ASK, extra_body={"temperature": 0})
+    assert text and whole.content[0].text == text and final.usage.output_tokens == whole.usage.output_tokens
