@@ -274,7 +274,8 @@ def test_a_request_waiting_past_its_deadline_expires_without_reaching_a_replica(
         async def both():
             first = asyncio.ensure_future(asyncio.to_thread(client.post, "/v1/chat/completions", json=CHAT,
                                                             headers=auth))
-            await asyncio.sleep(0.3)  # the first holds the only slot
+            while not replicas.requests:  # the first holds the only slot (a fixed sleep lost that race when busy)
+                await asyncio.sleep(0.01)
             second = asyncio.to_thread(client.post, "/v1/chat/completions", json=CHAT,
                                        headers=auth | {headers.DEADLINE_MS: "200"})
             return await asyncio.gather(first, second)
