@@ -246,6 +246,33 @@ def test_a_vllm_replica_placed_by_ray_serves_and_leaves_no_process_behind(cluste
     assert not alive and not replica.alive(), [p.pid for p in alive]
 
 
+def test_the_anthropic_provider_transport_against_vllms_messages_api(tmp_path):
+    """vLLM's own /v1/messages as the provider of an external deployment with api: anthropic (auth: bearer: vLLM
+    checks only that): chat completions in, Anthropic's Messages API out, and back."""
+    settings = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=512, kv_cache_gib=0.25, num_threads=1)
+    runtime = RuntimeProcess(None, "smol-messages", settings, EngineChoice("vllm", str(installed_vllm()),
+                                                                           ["--enforce-eager"]))
+    runtime.start()
+    try:
+        runtime.wait_ready(600)
+        (tmp_path / "deploy.yaml").write_text(
+            f"deployments:\n  - name: hosted\n    external: {{base_url: \"{runtime.url}/v1\", api_key_env: "
+            f"INFERD_TEST_VLLM_KEY, model: smol-messages, api: anthropic, auth: bearer, max_model_len: 512}}\n")
+        os.environ["INFERD_TEST_VLLM_KEY"] = runtime.api_key
+        with server_process(tmp_path / "serve.log", "--config", str(tmp_path / "deploy.yaml"), "--api-key",
+                            KEY) as (_, url):
+            api, ask = client(url), [{"role": "user", "content": "Name a colour."}]
+            whole = api.chat.completions.create(model="hosted", messages=ask, max_tokens=6, temperature=0)
+            chunks = list(api.chat.completions.create(model="hosted", messages=ask, max_tokens=6, temperature=0,
+                                                      stream=True, stream_options={"include_usage": True}))
+    finally:
+        runtime.stop()
+    assert whole.choices[0].message.content and 1 <= whole.usage.completion_tokens <= 6
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (whole.usage.prompt_tokens,
+                                                                                    whole.usage.completion_tokens)
+
+
 def test_a_canary_that_changes_only_the_runtime_is_compared_and_promoted(server):
     """Runs last: the promotion stops the vLLM replica. The stable version is vLLM, the canary inferd's engine."""
     _, url, log_path = server
