@@ -26,7 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks.embeddings import ROOT, started_server, stopped
-from benchmarks.overload import cpu_model, quantile
+from benchmarks.machine import describe
+from benchmarks.overload import quantile
 from inferd.gateway.store import Store
 from inferd.models.loader import default_model_path
 
@@ -140,8 +141,8 @@ def main() -> None:
         xs = [r[path[0]][path[1]] for r in rounds if r[path[0]][path[1]] is not None]
         return statistics.median(xs) if xs else None
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cores": os.cpu_count(), "cpu": cpu_model(), "load_average_before": os.getloadavg(),
-                          "shared": args.machine_note or "nothing else running"},
+              "machine": describe() | {"load_average_before": os.getloadavg(),
+                                       "shared": args.machine_note or "nothing else running"},
               "settings": vars(args) | {"out": args.out.name if args.out else None},
               "refusal_ms_p50": median(("refusal_ms", "p50")), "refusal_ms_p99": median(("refusal_ms", "p99")),
               "admitted_first_token_ms_p50": median(("admitted_first_token_ms", "p50")), "rounds": rounds}

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.machine import describe
 from benchmarks.embeddings import ROOT, started_server, stopped
 from inferd.bench.lag import LagMonitor
 from inferd.gateway.store import Store
@@ -182,8 +183,8 @@ def main() -> None:
     finally:
         stopped(proc)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cores": os.cpu_count(), "load_average_before": load_before,
-                          "cpu": cpu_model(), "shared": args.machine_note or "nothing else running"},
+              "machine": describe() | {"load_average_before": load_before,
+                                       "shared": args.machine_note or "nothing else running"},
               "settings": vars(args) | {"out": args.out.name, "model": "SmolLM2-135M-Instruct (default)"},
               "capacity_per_s": round(capacity, 2), "rates": rates, "after_load": after,
               "after_load_all_zero": not any(after.values()),
@@ -193,10 +194,6 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
-
-
-def cpu_model() -> str:
-    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
 
 
 def markdown(r: dict) -> str:

@@ -12,7 +12,6 @@ compared across the three (a hit must not change the answer).
 """
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -20,6 +19,7 @@ from datetime import datetime, timezone
 
 import torch
 
+from benchmarks.machine import describe
 from inferd.engine.config import EngineConfig
 from inferd.engine.engine import LLMEngine
 from inferd.engine.request import SamplingParams
@@ -101,8 +101,7 @@ def summary(model, engine: LLMEngine, doc: str, prompts: list[list[int]], primed
     median = {k: statistics.median(r["ttft_s"] for r in v) for k, v in runs.items()}
     same = all(a["tokens"] == b["tokens"] == c["tokens"] for a, b, c in zip(*runs.values()))
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": model.name,
-            "machine": {"cpu": cpu_name(), "cores": torch.get_num_threads(), "python": platform.python_version(),
-                        "torch": torch.__version__},
+            "machine": describe() | {"threads": torch.get_num_threads()},
             "settings": {"dtype": str(engine.dtype).removeprefix("torch."), "block_size": engine.config.block_size,
                          "max_num_batched_tokens": engine.config.max_num_batched_tokens,
                          "new_tokens": PARAMS.max_tokens},
@@ -138,11 +137,6 @@ def report(r: dict) -> str:
             f"(dtype auto, {r['settings']['block_size']}-token blocks, 1 GiB KV cache).\n")
 
 
-def cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 def _log(msg: str) -> None:

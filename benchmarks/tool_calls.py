@@ -34,7 +34,7 @@ import httpx
 import jsonschema
 
 from benchmarks.embeddings import ROOT, started_server, stopped
-from benchmarks.machine import cpu_name, loadavg
+from benchmarks.machine import describe
 from inferd.control.runtimes import EngineChoice, RuntimeProcess
 from inferd.engine.config import EngineConfig
 from inferd.models.loader import default_model_path
@@ -212,8 +212,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tool-calls-"))
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "load_average_before": loadavg(),
-                          "shared": "nothing else running; the servers one after the other"},
+              "machine": describe() | {"shared": "nothing else running; the servers one after the other"},
               "settings": {k: v for k, v in vars(args).items() if k != "out"}, "servers": {}}
     command = [sys.executable, "-m", "inferd.cli", "serve", str(default_model_path()), "--port", str(args.port),
                "--api-key", KEY, "--db", f"sqlite:///{work / 'inferd.db'}", "--usage-journal",
