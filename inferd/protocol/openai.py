@@ -201,6 +201,19 @@ class ChatCompletionRequest(SamplingRequest):
             return None
         return choice if isinstance(choice, str) else choice.function.name
 
+    def check_tool_schemas(self) -> None:
+        """InvalidRequest naming the first tool whose parameters the grammar cannot enforce. It compiles each new
+        schema (a large one takes tens of milliseconds): the replica calls it off its event loop, the gateway not
+        at all (a provider checks its own)."""
+        if self.tool_mode() is None:
+            return
+        for i, tool in enumerate(self.tools or []):
+            if tool.function.parameters is not None:
+                problem = schema_problem(json.dumps(tool.function.parameters, separators=(",", ":")))
+                if problem:
+                    raise InvalidRequest(f"the parameters of the tool '{tool.function.name}' are not a JSON schema "
+                                         f"inferd can enforce: {problem}", param=f"tools[{i}].function.parameters")
+
     def functions(self) -> list[Function]:
         return [Function(t.function.name, t.function.description, t.function.parameters)
                 for t in self.tools or []]
@@ -378,11 +391,6 @@ def _check_tools(offered: list[ToolBody], choice) -> None:
     for i, tool in enumerate(offered):
         if names.index(tool.function.name) != i:
             raise InvalidRequest(f"two tools are named '{tool.function.name}'", param=f"tools[{i}].function.name")
-        if tool.function.parameters is not None:
-            problem = schema_problem(json.dumps(tool.function.parameters, separators=(",", ":")))
-            if problem:
-                raise InvalidRequest(f"the parameters of the tool '{tool.function.name}' are not a JSON schema "
-                                     f"inferd can enforce: {problem}", param=f"tools[{i}].function.parameters")
 
 
 def _embedding_input_problem(value: Any) -> str | None:

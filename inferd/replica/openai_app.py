@@ -99,6 +99,8 @@ class OpenAIRoutes:
     async def chat_completions(self, request: Request) -> Response:
         body = ChatCompletionRequest.model_validate(await read_json(request, self.config.max_body_bytes))
         self._check_model(body.model)
+        if body.tools:
+            await asyncio.to_thread(body.check_tool_schemas)
         text = body.chat_prompt(self.backend.tokenizer)
         prompt = self.backend.tokenizer.encode(text, add_special_tokens=False)
         jobs = self._jobs(request, body, [prompt])
