@@ -9,6 +9,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.conftest import SMOLLM2_KEY
 from tests.server import ROOT
 
 RULES = ROOT / "deploy" / "prometheus"
@@ -51,3 +52,14 @@ def test_the_rules_read_only_metrics_inferd_serve_exports(smollm2_server):
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     read = {name for rule in rules() for name in re.findall(r"\binferd_[a-z_]+", rule["expr"])}
     assert read and {name.removesuffix("_bucket") for name in read} <= families, read - families
+
+
+def test_promtool_finds_nothing_to_say_of_metrics_after_traffic(smollm2_server):
+    url = smollm2_server[0]
+    chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {SMOLLM2_KEY}"}, json=chat, timeout=60)
+    httpx.post(f"{url}/v1/chat/completions", headers={"authorization": "Bearer sk-not-a-key-at-all"}, json={})
+    linted = subprocess.run([promtool(), "check", "metrics"], input=httpx.get(f"{url}/metrics").text,
+                            capture_output=True, text=True)
+    said = linted.stdout + linted.stderr
+    assert linted.returncode == 0 and not said.strip(), said
