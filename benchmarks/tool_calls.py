@@ -213,7 +213,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tool-calls-"))
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": describe() | {"shared": "nothing else running; the servers one after the other"},
-              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "servers": {}}
+              "settings": {k: v for k, v in vars(args).items() if k != "out"} | {  # no path of this machine
+                  "vllm_python": os.path.relpath(args.vllm_python, ROOT)}, "servers": {}}
     command = [sys.executable, "-m", "inferd.cli", "serve", str(default_model_path()), "--port", str(args.port),
                "--api-key", KEY, "--db", f"sqlite:///{work / 'inferd.db'}", "--usage-journal",
                str(work / "usage.journal"), "--embedding-model", "none", "--classical-model", "none",

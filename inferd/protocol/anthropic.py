@@ -11,6 +11,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from inferd.protocol import completions
+from inferd.protocol.completions import conversation, text_of
 from inferd.protocol.errors import APIError, Overloaded, ServiceUnavailable, to_api_error
 from inferd.protocol.sse import EventSplitter, data_of, sse_event
 
@@ -293,15 +295,12 @@ def messages_body(chat: dict) -> dict:
     API cannot take (n above 1)."""
     if (chat.get("n") or 1) > 1:
         raise ValueError("'n' above 1 is not supported by this provider")
-    system = [m["content"] for m in chat["messages"] if m["role"] in ("system", "developer")]
-    out: dict[str, Any] = {"model": chat["model"], "messages": [],
+    system, turns = conversation(chat, _turn, "content")
+    out: dict[str, Any] = {"model": chat["model"], "messages": turns,
                            "max_tokens": chat.get("max_completion_tokens") or chat.get("max_tokens")
                            or DEFAULT_MAX_TOKENS}
-    for m in chat["messages"]:
-        if m["role"] not in ("system", "developer"):
-            _add_turn(out["messages"], *_turn(m))
     if system:
-        out["system"] = "\n\n".join(_chat_text(s) for s in system)
+        out["system"] = "\n\n".join(system)
     for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
                          ("stream", "stream")):
         if chat.get(ours) is not None:
@@ -326,26 +325,12 @@ def messages_body(chat: dict) -> dict:
 def _turn(m: dict) -> tuple[str, list[dict]]:
     if m["role"] == "tool":
         return "user", [{"type": "tool_result", "tool_use_id": m.get("tool_call_id") or "",
-                         "content": _chat_text(m.get("content"))}]
-    blocks = [{"type": "text", "text": text}] if (text := _chat_text(m.get("content"))) else []
+                         "content": text_of(m.get("content"))}]
+    blocks = [{"type": "text", "text": text}] if (text := text_of(m.get("content"))) else []
     for call in m.get("tool_calls") or []:
         blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
                        "input": json.loads(call["function"]["arguments"] or "{}")})
     return m["role"], blocks
-
-
-def _add_turn(turns: list[dict], role: str, blocks: list[dict]) -> None:
-    """Consecutive turns of one role are one turn (tool results and the user's text after them)."""
-    if turns and turns[-1]["role"] == role:
-        turns[-1]["content"] += blocks
-    else:
-        turns.append({"role": role, "content": blocks})
-
-
-def _chat_text(content) -> str:
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content)
-    return content or ""
 
 
 def chat_completion(msg: dict) -> dict:
@@ -353,23 +338,17 @@ def chat_completion(msg: dict) -> dict:
     text = "".join(b["text"] for b in msg.get("content", []) if b.get("type") == "text")
     calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": json.dumps(b["input"])}}
              for b in msg.get("content", []) if b.get("type") == "tool_use"]
-    message = {"role": "assistant", "content": text or (None if calls else "")}
-    if calls:
-        message["tool_calls"] = calls
-    finish = FINISH_REASONS.get(msg.get("stop_reason"), "stop")
-    return {"id": "chatcmpl-" + str(msg.get("id", "")), "object": "chat.completion", "created": int(time.time()),
-            "model": msg.get("model"),
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": chat_usage(msg.get("usage") or {})}
+    choice = {"index": 0, "message": completions.message(text, calls),
+              "finish_reason": FINISH_REASONS.get(msg.get("stop_reason"), "stop")}
+    return completions.completion(str(msg.get("id", "")), msg.get("model"), [choice],
+                                  chat_usage(msg.get("usage") or {}))
 
 
 def chat_usage(usage: dict) -> dict:
     """Anthropic's usage as a chat completion's: every prompt token, those read from its cache among them."""
-    cached = usage.get("cache_read_input_tokens") or 0
-    prompt = (usage.get("input_tokens") or 0) + cached + (usage.get("cache_creation_input_tokens") or 0)
-    completion = usage.get("output_tokens") or 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    cached, written = usage.get("cache_read_input_tokens") or 0, usage.get("cache_creation_input_tokens") or 0
+    prompt = (usage.get("input_tokens") or 0) + cached + written
+    return completions.usage(prompt, cached, usage.get("output_tokens") or 0)
 
 
 class ChunkStream:

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from inferd.protocol import completions
+from inferd.protocol.completions import conversation, text_of
 from inferd.protocol.sse import sse_event
 
 FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
@@ -19,16 +21,7 @@ def request_body(chat: dict) -> dict:
     Raises ValueError for what the API cannot take (n above 1)."""
     if (chat.get("n") or 1) > 1:
         raise ValueError("'n' above 1 is not supported by this provider")
-    system = [_text(m.get("content")) for m in chat["messages"] if m["role"] in ("system", "developer")]
-    turns: list[dict] = []
-    for m in chat["messages"]:
-        if m["role"] in ("system", "developer"):
-            continue
-        role, blocks = _turn(m)
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"] += blocks  # one turn of a role: tool results and the user's text after them
-        else:
-            turns.append({"role": role, "content": blocks})
+    system, turns = conversation(chat, _turn, "content")
     out: dict[str, Any] = {"messages": turns}
     if system:
         out["system"] = [{"text": s} for s in system]
@@ -56,18 +49,12 @@ def _spec(function: dict) -> dict:
 def _turn(m: dict) -> tuple[str, list[dict]]:
     if m["role"] == "tool":
         return "user", [{"toolResult": {"toolUseId": m.get("tool_call_id") or "",
-                                        "content": [{"text": _text(m.get("content"))}]}}]
-    blocks = [{"text": text}] if (text := _text(m.get("content"))) else []
+                                        "content": [{"text": text_of(m.get("content"))}]}}]
+    blocks = [{"text": text}] if (text := text_of(m.get("content"))) else []
     for call in m.get("tool_calls") or []:
         blocks.append({"toolUse": {"toolUseId": call["id"], "name": call["function"]["name"],
                                    "input": json.loads(call["function"]["arguments"] or "{}")}})
     return m["role"], blocks
-
-
-def _text(content) -> str:
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content)
-    return content or ""
 
 
 def chat_completion(answer: dict) -> dict:
@@ -77,21 +64,14 @@ def chat_completion(answer: dict) -> dict:
     calls = [{"id": b["toolUse"]["toolUseId"], "type": "function",
               "function": {"name": b["toolUse"]["name"], "arguments": json.dumps(b["toolUse"].get("input") or {})}}
              for b in blocks if "toolUse" in b]
-    message = {"role": "assistant", "content": text or (None if calls else "")}
-    if calls:
-        message["tool_calls"] = calls
-    return {"id": "chatcmpl-bedrock", "object": "chat.completion", "created": int(time.time()), "model": None,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": FINISH_REASONS.get(answer.get("stopReason"), "stop")}],
-            "usage": chat_usage(answer.get("usage") or {})}
+    choice = {"index": 0, "message": completions.message(text, calls),
+              "finish_reason": FINISH_REASONS.get(answer.get("stopReason"), "stop")}
+    return completions.completion("bedrock", None, [choice], chat_usage(answer.get("usage") or {}))
 
 
 def chat_usage(usage: dict) -> dict:
-    cached = usage.get("cacheReadInputTokens") or 0
-    prompt = (usage.get("inputTokens") or 0) + cached + (usage.get("cacheWriteInputTokens") or 0)
-    completion = usage.get("outputTokens") or 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    cached, written = usage.get("cacheReadInputTokens") or 0, usage.get("cacheWriteInputTokens") or 0
+    return completions.usage((usage.get("inputTokens") or 0) + cached + written, cached, usage.get("outputTokens") or 0)
 
 
 class ChunkStream:

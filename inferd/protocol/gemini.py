@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 
+from inferd.protocol import completions
+from inferd.protocol.completions import conversation, text_of
 from inferd.protocol.sse import EventSplitter, data_of, sse_event
 
 FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter", "RECITATION": "content_filter",
@@ -19,16 +21,7 @@ CONFIG = {"max_completion_tokens": "maxOutputTokens", "max_tokens": "maxOutputTo
 def request_body(chat: dict) -> dict:
     """A chat completion body (as the gateway plans it) as a generateContent request."""
     names = {c["id"]: c["function"]["name"] for m in chat["messages"] for c in m.get("tool_calls") or []}
-    system = [_text(m.get("content")) for m in chat["messages"] if m["role"] in ("system", "developer")]
-    contents: list[dict] = []
-    for m in chat["messages"]:
-        if m["role"] in ("system", "developer"):
-            continue
-        role, parts = _turn(m, names)
-        if contents and contents[-1]["role"] == role:
-            contents[-1]["parts"] += parts  # one turn of a role: tool results and the user's text after them
-        else:
-            contents.append({"role": role, "parts": parts})
+    system, contents = conversation(chat, lambda m: _turn(m, names), "parts")
     out: dict[str, Any] = {"contents": contents}
     if system:
         out["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
@@ -54,18 +47,12 @@ def request_body(chat: dict) -> dict:
 def _turn(m: dict, names: dict[str, str]) -> tuple[str, list[dict]]:
     if m["role"] == "tool":
         name = names.get(m.get("tool_call_id") or "", "")
-        return "user", [{"functionResponse": {"name": name, "response": {"content": _text(m.get("content"))}}}]
-    parts = [{"text": text}] if (text := _text(m.get("content"))) else []
+        return "user", [{"functionResponse": {"name": name, "response": {"content": text_of(m.get("content"))}}}]
+    parts = [{"text": text}] if (text := text_of(m.get("content"))) else []
     for call in m.get("tool_calls") or []:
         parts.append({"functionCall": {"name": call["function"]["name"],
                                        "args": json.loads(call["function"]["arguments"] or "{}")}})
     return ("model" if m["role"] == "assistant" else "user"), parts
-
-
-def _text(content) -> str:
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content)
-    return content or ""
 
 
 def chat_completion(answer: dict) -> dict:
@@ -75,14 +62,10 @@ def chat_completion(answer: dict) -> dict:
         parts = (candidate.get("content") or {}).get("parts") or []
         text = "".join(p.get("text", "") for p in parts if not p.get("thought"))
         calls = _calls(parts, candidate.get("index", i), 0)
-        message = {"role": "assistant", "content": text or (None if calls else "")}
-        if calls:
-            message["tool_calls"] = calls
-        choices.append({"index": candidate.get("index", i), "message": message, "logprobs": None,
+        choices.append({"index": candidate.get("index", i), "message": completions.message(text, calls),
                         "finish_reason": _finish(candidate.get("finishReason"), bool(calls))})
-    return {"id": "chatcmpl-" + str(answer.get("responseId", "")), "object": "chat.completion",
-            "created": int(time.time()), "model": answer.get("modelVersion"), "choices": choices,
-            "usage": chat_usage(answer.get("usageMetadata") or {})}
+    return completions.completion(str(answer.get("responseId", "")), answer.get("modelVersion"), choices,
+                                  chat_usage(answer.get("usageMetadata") or {}))
 
 
 def _calls(parts: list[dict], choice: int, first: int) -> list[dict]:
@@ -99,10 +82,8 @@ def _finish(reason: str | None, called: bool) -> str:
 
 def chat_usage(meta: dict) -> dict:
     """Its usage as a chat completion's: thinking tokens are output tokens (they are billed as such)."""
-    prompt = meta.get("promptTokenCount") or 0
-    completion = (meta.get("candidatesTokenCount") or 0) + (meta.get("thoughtsTokenCount") or 0)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": meta.get("cachedContentTokenCount") or 0}}
+    return completions.usage(meta.get("promptTokenCount") or 0, meta.get("cachedContentTokenCount") or 0,
+                             (meta.get("candidatesTokenCount") or 0) + (meta.get("thoughtsTokenCount") or 0))
 
 
 class ChunkStream:

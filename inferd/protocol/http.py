@@ -1,8 +1,9 @@
 """What every route of gateway and replica shares: request id, API key, body reading, disconnects, errors.
 
 Errors take the shape of the API they answer: the Open Inference Protocol's (`{"error": "..."}`) on its
-paths (oip.PATHS), Anthropic's on its messages paths (anthropic.PATHS), OpenAI's everywhere else, an unknown route under /v2/ included. Every app answers the
-router's own 404 and 405 (HTTPException) through http_exception_handler, in the same shape."""
+paths (oip.PATHS), Anthropic's on its messages paths (anthropic.PATHS), OpenAI's everywhere else, an unknown
+route under /v2/ included. Every app answers the router's own 404 and 405 (HTTPException) through
+http_exception_handler, in the same shape."""
 import asyncio
 import hmac
 import inspect
