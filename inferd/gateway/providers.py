@@ -3,10 +3,10 @@
 Each transport here sits between the gateway and one external deployment's provider (Upstream.transport);
 control/launch.py picks it by the deployment's `api`.
 
-An external deployment whose `api` is `anthropic` or `gemini` gets, through its transport, the chat completion the
-gateway planned in that provider's protocol, and its answer back as a chat completion: whole, or as chunks
-translated event by event (protocol/anthropic.py, protocol/gemini.py); `azure` is OpenAI's protocol at Azure's
-URLs. The request path, the relay and the usage records see only OpenAI's shape, so limits, fallbacks and billing
+An external deployment whose `api` is `anthropic`, `gemini` or `bedrock` gets, through its transport, the chat
+completion the gateway planned in that provider's protocol, and its answer back as a chat completion: whole, or as
+chunks translated event by event (protocol/anthropic.py, gemini.py, bedrock.py); `azure` is OpenAI's protocol at
+Azure's URLs. The request path, the relay and the usage records see only OpenAI's shape, so limits, fallbacks and billing
 work as for any upstream; the provider's usage is the record's, and an overloaded provider's answer (Anthropic's
 529) a 503 that a fallback deployment may take.
 """
