@@ -260,7 +260,8 @@ def status_of(err: APIError) -> int:
 
 def error_body(err: APIError) -> dict:
     status = status_of(err)
-    kind = ERROR_TYPES.get(status, "overloaded_error" if isinstance(err, ServiceUnavailable) else "api_error")
+    kind = ERROR_TYPES.get(status) or ("invalid_request_error" if status < 500 else
+                                       "overloaded_error" if isinstance(err, ServiceUnavailable) else "api_error")
     return {"type": "error", "error": {"type": kind, "message": err.message}}
 
 

@@ -137,6 +137,8 @@ def test_a_full_queue_is_529_and_errors_take_anthropics_shape(tmp_path):
         r = http.post("/v1/messages", json={"model": "m", "max_tokens": 2, "messages": [
             {"role": "user", "content": [{"type": "image", "source": {}}]}]}, headers={"x-api-key": key})
         assert r.status_code == 400 and r.json()["type"] == "error"
+        r = http.get("/v1/messages", headers={"x-api-key": key})
+        assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
     assert len(held) == 1 and held[0].content[0].text == "x"
 
 
