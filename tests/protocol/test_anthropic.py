@@ -71,8 +71,8 @@ def test_an_event_stream_as_chunks_then_done():
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert deltas[0] == {"role": "assistant", "content": ""} and deltas[1] == {"content": "Hi"}
-    assert deltas[2]["tool_calls"][0] | {} == {"index": 0, "id": "t9", "type": "function",
-                                               "function": {"name": "w", "arguments": ""}}
+    assert deltas[2]["tool_calls"][0] == {"index": 0, "id": "t9", "type": "function",
+                                          "function": {"name": "w", "arguments": ""}}
     assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas[3:5]) == '{"a": 2}'
     assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[-1]["usage"]["prompt_tokens"] == 9 and chunks[-1]["usage"]["completion_tokens"] == 12

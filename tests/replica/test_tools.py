@@ -218,7 +218,7 @@ def test_the_parser_reads_any_split_of_an_answer_as_the_whole(seed):
     whole = tools.CallParser("call_x", auto=True)
     whole.feed(text)
     assert parser.complete and [c.as_dict() for c in parser.calls] == [c.as_dict() for c in whole.calls]
-    assert [c.function if False else (c.name, c.arguments) for c in whole.calls] == [
+    assert [(c.name, c.arguments) for c in whole.calls] == [
         ("get_weather", '{"city": "Pa}\\n", "unit":"c"}'), ("ping", "{}"), ("clock", '{ "zone" : -3 }')]
     heads = [d["tool_calls"][0] for d in deltas if "id" in d["tool_calls"][0]]
     assert [h["function"]["name"] for h in heads] == ["get_weather", "ping", "clock"]
