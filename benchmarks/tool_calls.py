@@ -17,6 +17,7 @@ the same number of tokens unconstrained (tool_choice "none", ignore_eos): second
 (from the first event, the role's chunk sent with the first token, to the last).
 
     PYTHONPATH=. .venv/bin/python benchmarks/tool_calls.py --out benchmarks/results/tool-calls-<machine>.json
+    PYTHONPATH=. .venv/bin/python benchmarks/tool_calls.py --servers inferd --busy --out ...  # beside a busy process
 """
 import argparse
 import json
@@ -204,6 +205,7 @@ def main() -> None:
     ap.add_argument("--vllm-python",
                     default=os.environ.get("INFERD_VLLM_PYTHON") or str(ROOT / ".venv-vllm/bin/python"))
     ap.add_argument("--servers", default="inferd,vllm")
+    ap.add_argument("--busy", action="store_true", help="a CPU-bound Python process beside the servers throughout")
     ap.add_argument("--repeats", type=int, default=3, help="seeds per prompt at temperature 1")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--step-rounds", type=int, default=1)
@@ -212,7 +214,8 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tool-calls-"))
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": describe() | {"shared": "nothing else running; the servers one after the other"},
+              "machine": describe() | {"shared": ("a busy Python loop beside" if args.busy else "nothing else running")
+                                       + "; the servers one after the other"},
               "settings": {k: v for k, v in vars(args).items() if k != "out"} | {  # no path of this machine
                   "vllm_python": os.path.relpath(args.vllm_python, ROOT)}, "servers": {}}
     command = [sys.executable, "-m", "inferd.cli", "serve", str(default_model_path()), "--port", str(args.port),
@@ -220,6 +223,19 @@ def main() -> None:
                str(work / "usage.journal"), "--embedding-model", "none", "--classical-model", "none",
                "--policy-model", "none", "--log-level", "warning"]
     servers = args.servers.split(",")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+    try:
+        run(args, work, command, servers, result)
+    finally:
+        if busy is not None:
+            busy.kill()
+    print(json.dumps({k: v for k, v in result.items() if k != "servers"}, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def run(args: argparse.Namespace, work: Path, command: list[str], servers: list[str], result: dict) -> None:
+    """Each server in turn: inferd's sweep and the grammar's step cost, then vLLM's sweep."""
     if "inferd" in servers:
         proc = started_server(command, f"http://127.0.0.1:{args.port}/ready", {"PYTHONPATH": str(ROOT)}, "tool-calls")
         try:
@@ -244,9 +260,6 @@ def main() -> None:
             result["servers"]["vllm"] = sweep(vllm.url, vllm.api_key, MODEL, True, args.repeats, args.concurrency)
         finally:
             vllm.stop()
-    print(json.dumps({k: v for k, v in result.items() if k != "servers"}, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

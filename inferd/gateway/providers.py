@@ -144,13 +144,12 @@ class GeminiTransport(TranslatingTransport):
 class BedrockTransport(TranslatingTransport):
     """Converse at {base_url}/model/{model}/converse (converse-stream), signed with SigV4 by botocore's signer with
     the credentials of botocore's chain (the environment, ~/.aws, an instance role); or, with the deployment's
-    key, that key as a Bedrock API key (a Bearer token). region: the base URL's (bedrock-runtime.REGION...),
-    else given, else $AWS_REGION."""
+    key, that key as a Bedrock API key (a Bearer token). The region is the base URL's
+    (bedrock-runtime.REGION.amazonaws.com), else $AWS_REGION (control/spec.py checks there is one)."""
 
-    def __init__(self, region: str | None = None, inner: httpx.AsyncBaseTransport | None = None):
+    def __init__(self, inner: httpx.AsyncBaseTransport | None = None):
         import botocore.session  # botocore: only where a deployment talks to Bedrock
         super().__init__(inner)
-        self.region = region
         self.credentials = botocore.session.get_session().get_credentials()
 
     def path(self, chat: dict) -> str:
@@ -167,7 +166,7 @@ class BedrockTransport(TranslatingTransport):
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
         host = BEDROCK_HOST.fullmatch(request.url.host)
-        region = host[1] if host else self.region or os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION"))
+        region = host[1] if host else os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION"))
         aws = AWSRequest("POST", str(request.url), headers={"content-type": "application/json"},
                          data=request.content)
         SigV4Auth(self.credentials.get_frozen_credentials(), "bedrock", region).add_auth(aws)

@@ -203,7 +203,7 @@ class ChatCompletionRequest(SamplingRequest):
 
     def check_tool_schemas(self) -> None:
         """InvalidRequest naming the first tool whose parameters the grammar cannot enforce. It compiles each new
-        schema (a large one takes tens of milliseconds): the replica calls it off its event loop, the gateway not
+        schema (a large one takes long): the replica calls it off its event loop, the gateway not
         at all (a provider checks its own)."""
         if self.tool_mode() is None:
             return
