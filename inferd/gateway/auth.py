@@ -19,7 +19,7 @@ import logging
 import time
 from collections import OrderedDict
 
-from inferd.gateway.keys import key_matches, lookup_id_of
+from inferd.gateway.keys import hash_matches, identified
 from inferd.gateway.limits import retry_after_header
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.store import UNAVAILABLE, Store
@@ -103,9 +103,9 @@ class KeyCache:
         """The key's policy; client (the peer's address) is charged for a failure and refused past its allowance."""
         scheme, _, key = (authorization or "").partition(" ")
         key = key.strip()
-        lookup = lookup_id_of(key) if scheme.lower() == "bearer" and key else None
+        lookup, hashed = identified(key) if scheme.lower() == "bearer" and key else (None, "")
         cached = self._cached(lookup) if lookup else None
-        if cached is not None and key_matches(key, cached[1]):
+        if cached is not None and hash_matches(hashed, cached[1]):
             self._used[lookup] = time.monotonic()
             return cached[0]
         if client is not None and (wait_s := self.failures.retry_after_s(client)):
@@ -116,7 +116,7 @@ class KeyCache:
             self._failed(client)
             raise AuthenticationFailed("Missing API key: send it as 'Authorization: Bearer <key>'.")
         found = await self._find(lookup)
-        if found is None or not key_matches(key, found[1]):
+        if found is None or not hash_matches(hashed, found[1]):
             self._failed(client)
             raise AuthenticationFailed("Incorrect API key provided.")
         self._used[lookup] = time.monotonic()

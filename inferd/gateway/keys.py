@@ -32,17 +32,23 @@ def hash_key(key: str) -> str:
 
 def lookup_id_of(key: str) -> str:
     """Ours carry it after the prefix; a key brought from elsewhere (--api-key) is found by its hash."""
+    return identified(key)[0]
+
+
+def identified(key: str) -> tuple[str, str]:
+    """The key's lookup id and its hash, hashed once."""
+    hashed = hash_key(key)
     if key.startswith(PREFIX) and len(key) >= len(PREFIX) + LOOKUP_CHARS + 16:
-        return key[len(PREFIX):len(PREFIX) + LOOKUP_CHARS]
-    return "h" + hash_key(key)[:LOOKUP_CHARS - 1]
+        return key[len(PREFIX):len(PREFIX) + LOOKUP_CHARS], hashed
+    return "h" + hashed[:LOOKUP_CHARS - 1], hashed
 
 
 def imported_key(key: str) -> NewKey:
     """A key chosen by the operator (e.g. `inferd serve --api-key`); stored hashed like ours."""
     if len(key) < 8:
         raise ValueError("an API key must have at least 8 characters")
-    return NewKey(key, lookup_id_of(key), hash_key(key))
+    return NewKey(key, *identified(key))
 
 
-def key_matches(key: str, stored_hash: str) -> bool:
-    return hmac.compare_digest(hash_key(key).encode(), stored_hash.encode())
+def hash_matches(hashed: str, stored_hash: str) -> bool:
+    return hmac.compare_digest(hashed.encode(), stored_hash.encode())

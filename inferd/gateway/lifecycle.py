@@ -1,8 +1,9 @@
 """One request's life in the gateway, owned by one coroutine from its first byte to its usage records.
 
-    authenticate → read and validate the body → resolve the deployment (canary share, access list)
+    authenticate → read the body → resolve the deployment it names (canary share, access list)
     → refuse early what needs no plan (request-rate and concurrency limits, a full queue or queue share)
-    → plan on it (the kind counts and bounds the work; the degradation ladder may cap or re-route it)
+    → validate the body (first, if it names no model as a string), then plan on it (the kind counts and
+      bounds the work; the degradation ladder may cap or re-route it)
     → attempts: admission on a deployment (reserve against limits and budget, wait for a queue slot),
       then its replicas (an unreachable one is followed by one other), then each fallback deployment once
     → deliver (unary body or SSE stream) → finish, in one `finally`: one usage record per attempt,
@@ -13,7 +14,6 @@ rest is the stream; whatever the client or the upstream does, the generator's `f
 A batch line (batch_runner.py) comes through `serve` too, as an in-process request with its key already
 known and its batch id: the same limits, admission, routing and records, priced at the batch multiplier.
 """
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -23,8 +23,10 @@ from typing import Protocol
 
 import anyio
 import httpx
+import orjson
 from opentelemetry import trace
 from opentelemetry.propagate import inject
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -166,7 +168,7 @@ class RequestPath:
         x = Exchange(state.request_id, op.name, state.arrival_s, self.tracer.start_span(
             op.name, kind=trace.SpanKind.SERVER, attributes={
                 "gen_ai.operation.name": op.name, "gen_ai.provider.name": "inferd",
-                "inferd.request_id": state.request_id}), batch_id=batch_id)
+                "inferd.request_id": state.request_id}) if self.traced else trace.INVALID_SPAN, batch_id=batch_id)
         try:
             with self._child("auth", x):
                 x.key = key or await self.keys.authenticate(authorization(request), client_address(request))
@@ -175,15 +177,17 @@ class RequestPath:
             x.content = await read_body(request, min(op.max_body_bytes or self.config.max_body_bytes,
                                                      self.config.max_body_bytes))
             raw = op.decode(x.content)
-            body = op.body_type.model_validate(raw)
-            asked = self._deployment(x.key, op, *_model_asked(request, op, body))
+            named = _model_named(request, op, raw)  # else validated first, to say what is wrong with it
+            body = None if named is not None else op.body_type.model_validate(raw)
+            asked = self._deployment(x.key, op, *(named or (body.model, None)))
             x.model = asked.name
             x.priority_class = priority_class(x.key, request)
             x.deadline_s = deadline_s(x.key, request, x.arrival_s)
             await self._refuse_early(x, asked)
-            deployment, plan = await self.lane.run(lambda: self._plan(x, op, asked, body, raw))
-            x.span.update_name(f"{op.name} {deployment.name}")
-            x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
+            deployment, plan, body = await self.lane.run(lambda: self._plan(x, op, asked, body, raw))
+            if self.traced:
+                x.span.update_name(f"{op.name} {deployment.name}")
+                x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
             async with cancelled_on_disconnect(request):
                 attempt, response, whole = await self._attempts(x, op, deployment, plan, body, raw)
             said, answer = self._response_headers(x, attempt), op.answer(plan) if op.answer else None
@@ -257,19 +261,22 @@ class RequestPath:
             finally:
                 err = None  # this frame is in err's traceback: holding err too would make a cycle of them
 
-    def _plan(self, x: Exchange, op: Operation, d: Deployment, body, raw: dict) -> tuple[Deployment, Plan]:
-        """The plan on its deployment, after the deployment's degradation ladder (if it is overloaded)."""
+    def _plan(self, x: Exchange, op: Operation, d: Deployment, body: BaseModel | None, raw: dict
+              ) -> tuple[Deployment, Plan, BaseModel]:
+        """The body validated (unless it was), then its plan on its deployment, after the deployment's degradation
+        ladder (if it is overloaded)."""
         def price(model: str) -> ModelPrice:
             return self.price(model, x.batch_id is not None)
+        body = body or op.body_type.model_validate(raw)
         plan = op.plan(d, x.key, body, raw, price(d.name))
         if d.degrader is None:
-            return d, plan
+            return d, plan, body
         oldest = max((s.oldest_age_s for s in d.queue.stats().values()), default=0.0)
         left = None if x.deadline_s is None else x.deadline_s - time.monotonic()
         degraded = degrade(d.degrader.update(oldest), x.priority_class, left, d.queue.expected_wait_s(),
                            plan.max_output_tokens, x.key.may_use)
         if not degraded.actions:
-            return d, plan
+            return d, plan, body
         self.metrics.degraded(d.name, degraded.actions)
         x.headers |= degraded.header
         if degraded.reject:
@@ -285,7 +292,7 @@ class RequestPath:
             plan = op.plan(d, x.key, body, raw, price(d.name))
         if op.cap_output and degraded.max_tokens is not None and degraded.max_tokens < plan.max_output_tokens:
             plan = op.cap_output(plan, degraded.max_tokens, price(d.name))
-        return d, plan
+        return d, plan, body
 
     # attempts
 
@@ -517,11 +524,13 @@ def usable(deployment: Deployment | None, key: KeyPolicy, kind: str, path: str, 
     return deployment
 
 
-def _model_asked(request: Request, op: Operation, body) -> tuple[str | None, str | None]:
-    """The model (and version) the request names: in its body, or in its path (op.model_param)."""
-    if op.model_param is None:
-        return body.model, None
-    return request.path_params[op.model_param], request.path_params.get("version")
+def _model_named(request: Request, op: Operation, raw) -> tuple[str, str | None] | None:
+    """The model (and version) the request names in its path (op.model_param) or as a string in its body, read
+    before the body is validated, so that a request refused early is never validated; None: not named so."""
+    if op.model_param is not None:
+        return request.path_params[op.model_param], request.path_params.get("version")
+    model = raw.get("model") if isinstance(raw, dict) else None
+    return (model, None) if isinstance(model, str) else None
 
 
 def _refusal(exc: BaseException | None) -> APIError:
@@ -530,7 +539,7 @@ def _refusal(exc: BaseException | None) -> APIError:
 
 
 def _json_bytes(body: dict) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
+    return orjson.dumps(body)
 
 
 def _span_outcome(span: trace.Span, record: UsageRecord) -> None:

@@ -29,7 +29,11 @@ class PlanLane:
         self._work.append((plan, done))
         if self._runner is None or self._runner.done():
             self._runner = asyncio.get_running_loop().create_task(self._drain())
-        return await done
+        try:
+            return await done
+        except BaseException:
+            plan = done = None  # the error's traceback holds this frame: no cycle through the future
+            raise
 
     async def _drain(self) -> None:
         while self._work:
@@ -43,3 +47,4 @@ class PlanLane:
                     done.set_result(plan())
                 except Exception as exc:
                     done.set_exception(exc)
+                plan = done = None  # nor through this frame, which an error's traceback holds too

@@ -118,7 +118,7 @@ def test_a_full_queue_is_529_and_errors_take_anthropics_shape(tmp_path):
         deadline = time.monotonic() + 30
         while queue.inflight < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        queue.config.max_queue_len = 0  # its one slot held, and no room to wait
+        room, queue.config.max_queue_len = queue.config.max_queue_len, 0  # its one slot held, no room to wait
         with pytest.raises(anthropic.OverloadedError) as e:
             client.messages.create(model="m", max_tokens=2, messages=ASK)
         release.set()
@@ -131,6 +131,7 @@ def test_a_full_queue_is_529_and_errors_take_anthropics_shape(tmp_path):
                                                            "message": "Incorrect API key provided."}}
         with pytest.raises(anthropic.NotFoundError):
             client.messages.create(model="nope", max_tokens=2, messages=ASK)
+        queue.config.max_queue_len = room  # (a request refused for capacity is refused before its body is checked)
         r = http.post("/v1/messages", json={"model": "m", "messages": ASK}, headers={"x-api-key": key})
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
         assert "max_tokens" in r.json()["error"]["message"]

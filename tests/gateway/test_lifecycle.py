@@ -322,10 +322,14 @@ async def test_a_full_queue_refuses_before_the_prompt_is_tokenized(tmp_path):
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
         assert refused.headers["retry-after"] == "1" and tokenizer.templated == 2  # the third was never planned
         assert (records[0].model, records[0].status, records[0].http_status) == ("m", "rejected", 503)
+        auth = {"authorization": f"Bearer {key}"}  # a body is validated only once it may wait, unless its
+        invalid = await client.post("/v1/chat/completions", json={"model": "m", "messages": "?"}, headers=auth)
+        unnamed = await client.post("/v1/chat/completions", json={"model": 7, "messages": "?"}, headers=auth)
+        assert invalid.status_code == 503 and unnamed.status_code == 400  # model is not a string
         release.set()
         assert (await running).status_code == 200 and (await waiting).status_code == 200
     await gw.close()
-    assert d.queue.inflight == 0 and d.queue.length == 0 and len(records) == 3
+    assert d.queue.inflight == 0 and d.queue.length == 0 and len(records) == 5
 
 
 def asgi_post(app, path: str, key: str, body: bytes) -> tuple[Callable[[], Awaitable[None]], Counter]:
