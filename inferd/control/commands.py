@@ -66,6 +66,11 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--webhook-allow-network", action="append", default=[], metavar="CIDR",
                    help="a private network webhooks may call, e.g. 10.0.0.0/8 (repeatable; default: public "
                    "addresses only)")
+    p.add_argument("--response-cache-ttl-s", type=float, default=0.0,
+                   help="keep the text model's answers to deterministic requests (temperature 0 or a seed) this "
+                   "long and answer the same request from them (default 0: off; per deployment in a spec)")
+    p.add_argument("--response-cache-mib", type=float, default=64.0,
+                   help="the response cache's bound in MiB (default 64)")
     p.add_argument("--router", choices=POLICIES, default="prefix",
                    help="replica choice: prefix-cache affinity against load (default), least_loaded, round_robin")
     p.add_argument("--router-affinity-weight", type=float, default=1.0)

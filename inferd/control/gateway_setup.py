@@ -19,6 +19,7 @@ from inferd.control.pool import ReplicaPool
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.keys import NewKey
 from inferd.gateway.limits import MemoryLimiter
+from inferd.gateway.response_cache import ResponseCacheConfig
 from inferd.gateway.store import Store
 from inferd.gateway.transport import UpstreamTransport
 from inferd.gateway.webhooks import check_networks
@@ -53,6 +54,10 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
     if args.files_dir:
         config.files_dir = Path(args.files_dir)
     config.lease_s = args.lease_s
+    if args.response_cache_ttl_s < 0 or args.response_cache_mib <= 0:
+        raise ValueError("--response-cache-ttl-s must be at least 0 and --response-cache-mib above 0")
+    if args.response_cache_ttl_s > 0:
+        config.response_cache = ResponseCacheConfig(args.response_cache_ttl_s, int(args.response_cache_mib * 2**20))
     config.tenant_batch_queued_tokens = args.tenant_batch_queued_tokens
     config.webhook_master_secret = webhook_master_secret(args.webhook_secret_file)
     config.webhook_allow_networks = check_networks(tuple(args.webhook_allow_network))

@@ -19,6 +19,7 @@ from inferd.gateway.admission import AdmissionQueue, QueueConfig
 from inferd.models.sentence import DEFAULT_EMBEDDING_NAME
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.degrade import Degrader
+from inferd.gateway.response_cache import ResponseCache
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.providers import AnthropicTransport, AzureTransport, BedrockTransport, GeminiTransport
 from inferd.gateway.transport import UpstreamTransport
@@ -163,10 +164,13 @@ def _deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
     d = plan.spec
     if d is None:
         upstreams = [Upstream(r.url, r.api_key, name=f"{FLAGS_TEXT}-{i}") for i, r in enumerate(plan.replicas)]
-        return deployment_for(upstreams, config)
+        deployment = deployment_for(upstreams, config)
+        deployment.response_cache = ResponseCache(config.response_cache) if config.response_cache else None
+        return deployment
     deployment = _spec_deployment(plan, config)
     deployment.fallbacks = list(d.fallbacks)
     deployment.degrader = Degrader(d.degradation) if d.degradation else None
+    deployment.response_cache = ResponseCache(d.response_cache) if d.response_cache else None
     return deployment
 
 

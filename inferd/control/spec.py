@@ -21,6 +21,7 @@ from inferd.eval.docset import DEFAULT_SET, SetError, load_set
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.config import ModelPrice
 from inferd.gateway.degrade import DEGRADE_ACTIONS, DegradationSpec
+from inferd.gateway.response_cache import ResponseCacheConfig
 from inferd.router.router import RouterConfig
 from inferd.settings import SettingError
 
@@ -153,6 +154,7 @@ class DeploymentSpec:
     price: ModelPrice = field(default_factory=ModelPrice)
     queue: QueueConfig | None = None
     router: RouterConfig = field(default_factory=RouterConfig)
+    response_cache: ResponseCacheConfig | None = None  # exact-match answers (gateway/response_cache.py); None: off
 
     def __post_init__(self):  # the kind itself is checked as the file is read (build)
         if self.runtime is None:
@@ -267,6 +269,8 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
             _check_degradation(d.degradation, stable - {d.name}, f"{where}.degradation")
         if d.quality is not None:
             _check_quality(d, f"{where}.quality")
+        if d.response_cache is not None:
+            _check_response_cache(d, f"{where}.response_cache")
         if (d.model is None) == (d.external is None):
             raise SpecError(f"{where}: give exactly one of model (local replicas) and external (a base URL)")
         _check_cpus(d, f"{where}.placement.cpus")
@@ -291,6 +295,15 @@ def check(spec: ServiceSpec, verify_digests: bool = True) -> None:
             _check_digest(d.kind, d.model, f"{where}.model")
         if d.kind == "classical":
             _check_classical(d, where)
+
+
+def _check_response_cache(d: DeploymentSpec, where: str) -> None:
+    c = d.response_cache
+    if d.kind not in ("text", "embedding"):
+        raise SpecError(f"{where}: a response cache is for text and embedding deployments; a {d.kind} model's "
+                        "answers are not kept")
+    if c.ttl_s <= 0 or c.max_bytes <= 0:
+        raise SpecError(f"{where}: ttl_s and max_bytes must be above 0")
 
 
 def _check_cpus(d: DeploymentSpec, where: str) -> None:

@@ -122,7 +122,11 @@ class Gateway:
         inflight = gauge("inferd_gateway_inflight_requests", "Requests running on replicas.", ["model"])
         on_replica = gauge("inferd_gateway_replica_inflight_requests", "Requests this gateway has on each replica.",
                            ["model", "replica"])
+        cached = gauge("inferd_gateway_response_cache_bytes", "Bytes of answers in a deployment's response cache.",
+                       ["model"])
         for name, d in self.deployments.by_name.items():
+            if d.response_cache is not None:
+                cached.add_metric([name], d.response_cache.bytes)
             for cls, s in d.queue.stats().items():
                 length.add_metric([name, cls], s.length)
                 age.add_metric([name, cls], s.oldest_age_s)
@@ -130,7 +134,7 @@ class Gateway:
             inflight.add_metric([name], d.queue.inflight)
             for u in d.upstreams:
                 on_replica.add_metric([name, u.name], u.inflight)
-        yield from (length, age, tokens, inflight, on_replica)
+        yield from (length, age, tokens, inflight, on_replica, cached)
         leases = gauge("inferd_gateway_concurrency_leases", "Concurrency leases this gateway holds (reserved against "
                        "max_concurrency limits, not yet released).", [])
         leases.add_metric([], self.limiter.leases_held)

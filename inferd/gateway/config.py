@@ -8,6 +8,7 @@ import yaml
 
 from inferd.gateway.admission import QueueConfig
 from inferd.gateway.policy import PolicyError
+from inferd.gateway.response_cache import ResponseCacheConfig
 from inferd.router.router import RouterConfig
 
 
@@ -43,6 +44,7 @@ class GatewayConfig:
     prices: dict[str, ModelPrice] = field(default_factory=dict)
     queue: QueueConfig = field(default_factory=QueueConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    response_cache: ResponseCacheConfig | None = None  # the text deployment's made from flags (a spec's: its own)
     key_cache_ttl_s: float = 0.5  # a revoked key stops working within this (+ one store read)
     usage_journal: Path = Path.home() / ".inferd" / "usage.journal"  # one per gateway process (usage.py)
     max_body_bytes: int = 16 * 2**20

@@ -11,6 +11,7 @@ import httpx
 
 from inferd.gateway.admission import AdmissionQueue
 from inferd.gateway.degrade import Degrader
+from inferd.gateway.response_cache import ResponseCache
 from inferd.protocol.classical import TabularSchema
 from inferd.protocol.embeddings import BatchTokenizer, EmbeddingShape
 from inferd.protocol.policy import ObservationSpec, websocket_path
@@ -125,6 +126,7 @@ class Deployment:
     router: Router = field(default_factory=Router)
     fallbacks: list[str] = field(default_factory=list)  # deployments that take the requests this one fails
     degrader: Degrader | None = None  # its degradation ladder, if it has one
+    response_cache: ResponseCache | None = None  # its exact-match answers (response_cache.py); None: off
 
     def __post_init__(self):
         self.card = ({"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "inferd"}

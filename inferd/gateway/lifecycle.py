@@ -41,6 +41,7 @@ from inferd.gateway.kinds import Operation
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.limits import Limiter, RateLimited, Reservation, ratelimit_headers, retry_after_header
 from inferd.gateway.plan_lane import PlanLane
+from inferd.gateway.response_cache import HIT, MISS, cache_key, renewed
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.usage import UsageRecord
 from inferd.protocol import headers
@@ -48,7 +49,8 @@ from inferd.protocol.errors import (APIError, ClientClosedRequest, DeadlineExcee
                                     InvalidRequest, ModelNotFound, Overloaded, PermissionDenied, ServiceUnavailable,
                                     to_api_error)
 from inferd.protocol.http import cancelled_on_disconnect, read_body
-from inferd.protocol.sse import SSE_DONE, SSEResponse
+from inferd.protocol.completions import as_chunks
+from inferd.protocol.sse import SSE_DONE, SSEResponse, sse_event
 from inferd.telemetry.gateway_metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -188,21 +190,34 @@ class RequestPath:
             if self.traced:
                 x.span.update_name(f"{op.name} {deployment.name}")
                 x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
-            async with cancelled_on_disconnect(request):
-                attempt, response, whole = await self._attempts(x, op, deployment, plan, body, raw)
+            key, stored = self._cached(x, op, deployment, plan, raw)
+            if stored is not None:
+                attempt, stored, response = await self._hit(x, deployment, plan, stored), renewed(stored), None
+                whole = None if plan.stream else (stored, {"content-type": "application/json"})
+            else:
+                async with cancelled_on_disconnect(request):
+                    attempt, response, whole = await self._attempts(x, op, deployment, plan, body, raw)
+                if key and whole is not None and response.status_code == 200 and attempt.deployment is deployment:
+                    deployment.response_cache.put(key, whole[0])
             said, answer = self._response_headers(x, attempt), op.answer(plan) if op.answer else None
             if whole is not None:
-                status, content = response.status_code, whole[0]
+                status, content = response.status_code if response else 200, whole[0]
                 if answer:
                     status, content = answer.whole(status, content)
                 yield Head(status, whole[1] | said, content)
                 return
             yield Head(200, said)
-            ours = attempt.deployment.internal_headers  # else the gateway keeps the deadline: first token by it
-            attempt.outcome.planned_prompt_tokens = plan.prompt_tokens
-            async for chunk in relay.relay_stream(response, attempt.outcome, x.arrival_s, ours, plan.usage_mode,
-                                                  None if ours else x.deadline_s):
-                yield answer.events(chunk) if answer else chunk
+            if stored is not None:  # a hit, replayed as a stream
+                usage = answer is not None or bool((raw.get("stream_options") or {}).get("include_usage"))
+                events = b"".join(map(sse_event, as_chunks(orjson.loads(stored), usage)))
+                yield answer.events(events) if answer else events
+                attempt.outcome.stream_done = True
+            else:
+                ours = attempt.deployment.internal_headers  # else the gateway keeps the deadline: first token by it
+                attempt.outcome.planned_prompt_tokens = plan.prompt_tokens
+                async for chunk in relay.relay_stream(response, attempt.outcome, x.arrival_s, ours, plan.usage_mode,
+                                                      None if ours else x.deadline_s):
+                    yield answer.events(chunk) if answer else chunk
             if attempt.outcome.stream_done:
                 await self._finish(x)  # the records are journaled before the client has the stream's end
                 yield answer.end() if answer else SSE_DONE
@@ -293,6 +308,44 @@ class RequestPath:
         if op.cap_output and degraded.max_tokens is not None and degraded.max_tokens < plan.max_output_tokens:
             plan = op.cap_output(plan, degraded.max_tokens, price(d.name))
         return d, plan, body
+
+    # the response cache
+
+    def _cached(self, x: Exchange, op: Operation, d: Deployment, plan: Plan, raw) -> tuple[str | None, bytes | None]:
+        """The request's key in d's response cache (None: it may not be answered from there) and the answer kept
+        under it, if any; the verdict goes in a response header and the metrics."""
+        cache = d.response_cache
+        if cache is None or not isinstance(raw, dict):
+            return None, None
+        verdict, key, stored = cache.verdict(op.name, raw), None, None
+        if verdict == MISS:
+            key = cache_key(x.key.tenant.id, d.name, d.version, d.card.get("digests"), op.name,
+                            raw if plan.body is None else plan.body)
+            stored = cache.get(key)
+            verdict = MISS if stored is None else HIT
+        x.headers[headers.RESPONSE_CACHE] = verdict
+        self.metrics.response_cache(d.name, verdict)
+        return key, stored
+
+    async def _hit(self, x: Exchange, d: Deployment, plan: Plan, stored: bytes) -> Attempt:
+        """The attempt a cached answer answers: the key's rate limits and budget still apply (a reservation,
+        settled to nothing), no queue and no replica."""
+        attempt = x.begin(plan, Admission(d))
+        with self._child("admission", x):
+            try:
+                attempt.admission.reservation = await self.limiter.reserve(await self.charges.of(x.key, d.name, plan))
+            except RateLimited as exc:
+                self._refuse(attempt, rate_limited(exc), "rejected")
+                raise attempt.outcome.error from None
+            except ServiceUnavailable as exc:  # a budget's spend could not be read
+                self._refuse(attempt, exc, "rejected")
+                raise
+        x.unhold()
+        o = attempt.outcome
+        o.observe_usage(orjson.loads(stored).get("usage"))
+        o.end("completed", 200)
+        o.cache_hit, o.ttft_s = True, time.monotonic() - x.arrival_s
+        return attempt
 
     # attempts
 
@@ -461,12 +514,12 @@ class RequestPath:
         o, d, a = attempt.outcome, attempt.deployment, attempt.admission
         if not o.billed:
             o.prompt_tokens = o.cached_tokens = o.completion_tokens = 0
-        cost = self.price(d.name, x.batch_id is not None).cost_usd(o.prompt_tokens, o.cached_tokens,
-                                                                  o.completion_tokens)
+        cost = 0.0 if o.cache_hit else self.price(d.name, x.batch_id is not None).cost_usd(
+            o.prompt_tokens, o.cached_tokens, o.completion_tokens)
         if ends_admission:
             if a.reservation is not None:
                 await self.limiter.settle(a.reservation, actual_amounts(
-                    a.reservation.charges, o.prompt_tokens + o.completion_tokens, cost))
+                    a.reservation.charges, 0 if o.cache_hit else o.prompt_tokens + o.completion_tokens, cost))
             if a.dispatched_s is not None:
                 d.queue.release(time.monotonic() - a.dispatched_s, x.priority_class)
         e2e_s = time.monotonic() - x.arrival_s
@@ -477,7 +530,7 @@ class RequestPath:
             deployment_version=d.version, replica=attempt.upstream.name if attempt.upstream else None,
             priority_class=x.priority_class, error_code=o.error_code, prompt_tokens=o.prompt_tokens,
             cached_tokens=o.cached_tokens, completion_tokens=o.completion_tokens, queue_s=a.queue_s,
-            ttft_s=o.ttft_s, tpot_s=o.tpot_s(e2e_s), cost_usd=cost, batch_id=x.batch_id)
+            ttft_s=o.ttft_s, tpot_s=o.tpot_s(e2e_s), cost_usd=cost, batch_id=x.batch_id, cache_hit=o.cache_hit)
 
     def _refusal_record(self, x: Exchange, err: APIError) -> UsageRecord:
         return UsageRecord(

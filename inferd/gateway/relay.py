@@ -47,6 +47,7 @@ class Outcome:
     retry_reason: str | None = None  # nothing reached the client: a fallback deployment may take it
     unreachable: bool = False  # no connection: another replica of the same deployment may take it
     no_answer: bool = False  # failed before the answer's head (no connection, a reset, a read error): ditto
+    cache_hit: bool = False  # answered from the response cache: no replica, nothing to pay
     stream_done: bool = False  # the stream ended with [DONE] (or an error event): the lifecycle sends [DONE]
     error: APIError | None = None  # what the client is told if no other attempt follows
 

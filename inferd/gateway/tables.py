@@ -1,6 +1,6 @@
 """The gateway's SQL schema (SQLAlchemy Core). Change it only together with a migration in migrations/versions."""
-from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text,
-                        UniqueConstraint)
+from sqlalchemy import (JSON, BigInteger, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table,
+                        Text, UniqueConstraint, false)
 
 metadata = MetaData()
 BigId = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrements only INTEGER PRIMARY KEY
@@ -64,7 +64,8 @@ usage_records = Table(
     Column("gateway_id", String(64), nullable=False),
     Column("units", JSON),  # what a record counts beyond tokens (a robot session: observations, actions, ...)
     Column("batch_id", String(40)),  # the batch whose line this was (priced at the batch multiplier)
-    Column("tpot_s", Float),  # mean time per output token after the first (streamed or unary); None: unknown
+    Column("tpot_s", Float),
+    Column("cache_hit", Boolean, nullable=False, server_default=false()),  # answered from the response cache  # mean time per output token after the first (streamed or unary); None: unknown
     UniqueConstraint("record_id", name="uq_usage_records_record_id"),
     Index("ix_usage_records_tenant_ended", "tenant_id", "ended_unix_s"),
 )

@@ -59,6 +59,7 @@ class UsageRecord:
     cost_usd: float = 0.0
     units: dict[str, float] | None = None  # beyond tokens: a robot session's observations, actions, seconds, ...
     batch_id: str | None = None  # a batch line's batch
+    cache_hit: bool = False  # answered from the response cache (its tokens are the cached answer's; no cost)
     ended_unix_s: float = field(default_factory=time.time)
     record_id: str = field(default_factory=new_id)
 

@@ -1,5 +1,6 @@
 """Chat completions as the providers' protocols read and write them (anthropic.py, gemini.py, bedrock.py): a
-message's text, a conversation's system texts and turns, and an answer with its choices and usage."""
+message's text, a conversation's system texts and turns, and an answer with its choices and usage; and a whole
+answer as the chunks of its stream (a response cache's hit, replayed)."""
 import time
 from collections.abc import Callable
 
@@ -42,3 +43,28 @@ def completion(id_: str, model: str | None, choices: list[dict], usage: dict) ->
 def usage(prompt: int, cached: int, completion: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def as_chunks(answer: dict, include_usage: bool) -> list[dict]:
+    """A whole chat completion or text completion as the chunks of its stream: each choice's content (its text,
+    tool calls and logprobs) in one chunk, then its finish reason; then the usage, if asked for."""
+    chat = answer.get("object") == "chat.completion"
+    head = {"id": answer.get("id"), "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": answer.get("created"), "model": answer.get("model")}
+    out = []
+    for c in answer.get("choices") or []:
+        if chat:
+            delta = {k: v for k, v in (c.get("message") or {}).items() if v is not None}
+            delta["tool_calls"] = [{"index": i} | call for i, call in enumerate(delta.get("tool_calls") or [])]
+            if not delta["tool_calls"]:
+                del delta["tool_calls"]
+            body = {"index": c.get("index", 0), "delta": delta, "logprobs": c.get("logprobs"), "finish_reason": None}
+            end = {"index": c.get("index", 0), "delta": {}, "logprobs": None, "finish_reason": c.get("finish_reason")}
+        else:
+            body = {"index": c.get("index", 0), "text": c.get("text", ""), "logprobs": c.get("logprobs"),
+                    "finish_reason": None}
+            end = {"index": c.get("index", 0), "text": "", "logprobs": None, "finish_reason": c.get("finish_reason")}
+        out += [head | {"choices": [body]}, head | {"choices": [end]}]
+    if include_usage and answer.get("usage"):
+        out.append(head | {"choices": [], "usage": answer["usage"]})
+    return out

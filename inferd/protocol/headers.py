@@ -12,6 +12,7 @@ TENANT = "x-inferd-tenant"  # gateway -> replica
 USAGE_EVENTS = "x-inferd-usage-events"  # gateway -> replica: "1" asks for usage as SSE comments (USAGE_PREFIX)
 USAGE = "x-inferd-usage"  # replica -> gateway: a unary answer's usage object (JSON), so its body is not parsed
 DECODE_S = "x-inferd-decode-s"  # replica -> gateway: a unary answer's seconds from its first output token to its end
+RESPONSE_CACHE = "x-inferd-cache"  # gateway -> client: hit, miss, bypass or uncacheable (a deployment with a cache)
 FALLBACK = "x-inferd-fallback"  # gateway -> client: "a->b" when a fallback deployment answered
 DEGRADED = "x-inferd-degraded"  # gateway -> client: the degradation steps applied
 ASYNC = "x-inferd-async"  # client -> gateway: "1" answers 202 with a job, as `Prefer: respond-async` does

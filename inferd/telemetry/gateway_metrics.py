@@ -46,6 +46,9 @@ class GatewayMetrics:
                                     "the deployment asked for and the action.", ["model", "action"], registry=r)
         self.fallbacks = Counter("inferd_gateway_fallbacks_total", "Requests a deployment failed and handed to "
                                  "a fallback deployment.", ["model", "fallback", "reason"], registry=r)
+        self.response_caches = Counter("inferd_gateway_response_cache_total", "Requests to a deployment with a "
+                                       "response cache, by result: hit, miss, bypass, uncacheable.",
+                                       ["model", "result"], registry=r)
         self.observations = Counter("inferd_gateway_policy_observations_total", "Robot policy observations by "
                                     "outcome (answered, late, deadline_exceeded, superseded, invalid_observation, "
                                     "...).", ["model", "outcome"], registry=r)
@@ -68,6 +71,9 @@ class GatewayMetrics:
 
     def rejected(self, reason: str) -> None:
         self._child(self.rejections, reason).inc()
+
+    def response_cache(self, model: str, result: str) -> None:
+        self._child(self.response_caches, model, result).inc()
 
     def degraded(self, model: str, actions: list[str]) -> None:
         for action in actions:

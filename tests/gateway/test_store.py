@@ -33,7 +33,7 @@ def test_migrate_is_idempotent_and_keeps_data(store):
     store.migrate()
     assert store.tenant("acme").limits.tpm == 100
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0006"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0007"
     assert {"tenants", "api_keys", "usage_records", "console_users"} <= set(inspect(store.engine).get_table_names())
 
 
