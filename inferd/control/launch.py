@@ -165,12 +165,14 @@ def _deployment(plan: DeploymentPlan, config: GatewayConfig) -> Deployment:
     if d is None:
         upstreams = [Upstream(r.url, r.api_key, name=f"{FLAGS_TEXT}-{i}") for i, r in enumerate(plan.replicas)]
         deployment = deployment_for(upstreams, config)
-        deployment.response_cache = ResponseCache(config.response_cache) if config.response_cache else None
+        deployment.response_cache = ResponseCache(config.response_cache, redis_url=config.redis_url) \
+            if config.response_cache else None
         return deployment
     deployment = _spec_deployment(plan, config)
     deployment.fallbacks = list(d.fallbacks)
     deployment.degrader = Degrader(d.degradation) if d.degradation else None
-    deployment.response_cache = ResponseCache(d.response_cache) if d.response_cache else None
+    deployment.response_cache = ResponseCache(d.response_cache, redis_url=config.redis_url) if d.response_cache \
+        else None
     return deployment
 
 

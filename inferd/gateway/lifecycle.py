@@ -190,7 +190,7 @@ class RequestPath:
             if self.traced:
                 x.span.update_name(f"{op.name} {deployment.name}")
                 x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
-            key, stored = self._cached(x, op, deployment, plan, raw)
+            key, stored = await self._cached(x, op, deployment, plan, raw)
             if stored is not None:
                 attempt, stored, response = await self._hit(x, deployment, plan, stored), renewed(stored), None
                 whole = None if plan.stream else (stored, {"content-type": "application/json"})
@@ -198,7 +198,7 @@ class RequestPath:
                 async with cancelled_on_disconnect(request):
                     attempt, response, whole = await self._attempts(x, op, deployment, plan, body, raw)
                 if key and whole is not None and response.status_code == 200 and attempt.deployment is deployment:
-                    deployment.response_cache.put(key, whole[0])
+                    await deployment.response_cache.put(key, whole[0])
             said, answer = self._response_headers(x, attempt), op.answer(plan) if op.answer else None
             if whole is not None:
                 status, content = response.status_code if response else 200, whole[0]
@@ -311,7 +311,7 @@ class RequestPath:
 
     # the response cache
 
-    def _cached(self, x: Exchange, op: Operation, d: Deployment, plan: Plan, raw) -> tuple[str | None, bytes | None]:
+    async def _cached(self, x: Exchange, op: Operation, d: Deployment, plan: Plan, raw) -> tuple[str | None, bytes | None]:
         """The request's key in d's response cache (None: it may not be answered from there) and the answer kept
         under it, if any; the verdict goes in a response header and the metrics."""
         cache = d.response_cache
@@ -321,7 +321,7 @@ class RequestPath:
         if verdict == MISS:
             key = cache_key(x.key.tenant.id, d.name, d.version, d.card.get("digests"), op.name,
                             raw if plan.body is None else plan.body)
-            stored = cache.get(key)
+            stored = await cache.get(key)
             verdict = MISS if stored is None else HIT
         x.headers[headers.RESPONSE_CACHE] = verdict
         self.metrics.response_cache(d.name, verdict)

@@ -11,19 +11,28 @@ What is kept is the replica's unary answer as it came (the stream of a streamed 
 is answered from it, unary or replayed as a stream, with a new id. The lifecycle still checks the key, the
 access list and the rate limits of a hit; its usage record says `cache_hit` and costs nothing.
 
-One store a deployment, in the gateway's memory: least recently used out past `max_bytes`, none older than
-`ttl_s`. Several gateways each keep their own."""
+One store a deployment: in the gateway's memory (least recently used out past `max_bytes`, none older than
+`ttl_s`), or in Redis where the gateways share their limits there (each answer expires after `ttl_s`; one
+larger than `max_bytes` is not kept; the whole is bounded by Redis's own maxmemory and eviction policy).
+A Redis that does not answer is a miss, never an error."""
 import hashlib
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import orjson
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from inferd.protocol.ids import new_id
 
 DELIVERY_FIELDS = ("stream", "stream_options", "user", "cache")  # they shape how an answer is sent, not what it is
 HIT, MISS, BYPASS, UNCACHEABLE = "hit", "miss", "bypass", "uncacheable"  # the x-inferd-cache header
+REDIS_PREFIX = "inferd:response:"
+REDIS_TIMEOUT_S = 0.05  # a cache that is slow to answer is worth less than the model
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -34,12 +43,14 @@ class ResponseCacheConfig:
 
 
 class ResponseCache:
-    def __init__(self, config: ResponseCacheConfig, clock=time.monotonic):
+    def __init__(self, config: ResponseCacheConfig, clock=time.monotonic, redis_url: str | None = None):
         self.config = config
         self._clock = clock
         self._entries: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # key -> (expires, answer)
-        self.bytes = 0
-        self.hits = self.misses = 0
+        self.redis = Redis.from_url(redis_url, socket_timeout=REDIS_TIMEOUT_S,
+                                    socket_connect_timeout=REDIS_TIMEOUT_S) if redis_url else None
+        self.bytes = 0  # in this gateway's memory
+        self.hits = self.misses = self.failures = 0
 
     def verdict(self, op: str, raw: dict) -> str:
         """MISS if the request may be answered from the cache (and fill it), else BYPASS or UNCACHEABLE."""
@@ -51,7 +62,15 @@ class ResponseCache:
             return UNCACHEABLE
         return MISS if raw.get("temperature") == 0 or raw.get("seed") is not None else UNCACHEABLE
 
-    def get(self, key: str) -> bytes | None:
+    async def get(self, key: str) -> bytes | None:
+        if self.redis is not None:
+            try:
+                found = await self.redis.get(REDIS_PREFIX + key)
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
+                found = None
+            self.hits, self.misses = self.hits + (found is not None), self.misses + (found is None)
+            return found
         entry = self._entries.get(key)
         if entry is not None and entry[0] <= self._clock():
             self._drop(key)
@@ -63,8 +82,14 @@ class ResponseCache:
         self.hits += 1
         return entry[1]
 
-    def put(self, key: str, answer: bytes) -> None:
+    async def put(self, key: str, answer: bytes) -> None:
         if len(answer) > self.config.max_bytes:
+            return
+        if self.redis is not None:
+            try:
+                await self.redis.set(REDIS_PREFIX + key, answer, px=max(int(self.config.ttl_s * 1000), 1))
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
             return
         if key in self._entries:
             self._drop(key)
@@ -75,6 +100,11 @@ class ResponseCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def _failed(self, exc: BaseException) -> None:
+        if not self.failures:
+            log.warning("the response cache's Redis did not answer (%s); requests go to the model", exc)
+        self.failures += 1
 
     def _drop(self, key: str) -> None:
         self.bytes -= len(self._entries.pop(key)[1])

@@ -1,5 +1,6 @@
 """The exact-match response cache, in process: replicas are httpx.MockTransport handlers whose answer echoes the
 request they got, so a hit that returned another request's answer would be seen."""
+import asyncio
 import copy
 import json
 import random
@@ -8,11 +9,14 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from inferd.gateway.app import build_gateway_app
-from inferd.gateway.config import ModelPrice
+from inferd.gateway.app import Gateway, build_gateway_app
+from inferd.gateway.config import GatewayConfig, ModelPrice
+from inferd.gateway.deployments import Deployments
+from inferd.gateway.limits import MemoryLimiter
 from inferd.gateway.response_cache import (BYPASS, HIT, MISS, UNCACHEABLE, ResponseCache, ResponseCacheConfig,
                                            cache_key)
 from inferd.protocol import headers
+from tests.gateway.services import redis_server
 from tests.gateway.test_lifecycle import Replicas, deployment, make_gateway, usage
 
 ASK = {"model": "m", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4, "temperature": 0}
@@ -48,18 +52,31 @@ def echoed(r: httpx.Response) -> dict:
 
 # the store
 
-def test_the_store_keeps_the_recently_used_within_its_bytes_and_nothing_past_its_ttl():
+async def test_the_store_keeps_the_recently_used_within_its_bytes_and_nothing_past_its_ttl():
     now = [0.0]
     cache = ResponseCache(ResponseCacheConfig(ttl_s=10, max_bytes=10), clock=lambda: now[0])
-    cache.put("a", b"aaaa")
-    cache.put("b", b"bbbb")
-    assert cache.get("a") == b"aaaa"  # now b is the least recently used
-    cache.put("c", b"cccc")
-    assert (cache.get("b"), cache.get("a"), cache.get("c"), cache.bytes) == (None, b"aaaa", b"cccc", 8)
-    cache.put("big", b"x" * 11)  # larger than the bound: not kept, nothing evicted for it
-    assert cache.get("big") is None and len(cache) == 2
+    await cache.put("a", b"aaaa")
+    await cache.put("b", b"bbbb")
+    assert await cache.get("a") == b"aaaa"  # now b is the least recently used
+    await cache.put("c", b"cccc")
+    assert [await cache.get(k) for k in "bac"] == [None, b"aaaa", b"cccc"] and cache.bytes == 8
+    await cache.put("big", b"x" * 11)  # larger than the bound: not kept, nothing evicted for it
+    assert await cache.get("big") is None and len(cache) == 2
     now[0] = 10.0
-    assert cache.get("a") is None and cache.bytes == 4
+    assert await cache.get("a") is None and cache.bytes == 4
+
+
+async def test_in_redis_answers_expire_and_an_unreachable_redis_is_a_miss():
+    with redis_server() as url:
+        cache = ResponseCache(ResponseCacheConfig(ttl_s=0.2, max_bytes=10), redis_url=url)
+        await cache.put("a", b"aaaa")
+        await cache.put("big", b"x" * 11)
+        assert (await cache.get("a"), await cache.get("big")) == (b"aaaa", None)
+        await asyncio.sleep(0.3)
+        assert await cache.get("a") is None
+    assert await cache.get("a") is None and cache.failures == 1  # Redis is gone
+    await cache.put("a", b"aaaa")
+    assert cache.failures == 2
 
 
 def test_only_what_is_a_function_of_the_request_may_be_cached():
@@ -124,6 +141,22 @@ def test_what_may_not_be_cached_goes_to_the_replica_each_time(tmp_path):
         bypassed = [post(client, key, ASK | {"cache": False}) for _ in range(2)]
     assert [r.headers[headers.RESPONSE_CACHE] for r in sampled + bypassed] == [UNCACHEABLE] * 2 + [BYPASS] * 2
     assert len(replicas.requests) == 4
+
+
+def test_gateways_that_share_redis_share_their_answers(tmp_path):
+    with redis_server() as url:
+        gw1, key, d1, first, _ = cached_gateway(tmp_path)
+        d2, second = deployment("m", "a"), Replicas(a=echo)
+        gw2 = Gateway(GatewayConfig(db_url=gw1.store.url, usage_journal=tmp_path / "usage2.journal"), gw1.store,
+                      MemoryLimiter(), Deployments(), transport=httpx.MockTransport(second))
+        gw2.deployments.add(d2)
+        for d in (d1, d2):
+            d.response_cache = ResponseCache(ResponseCacheConfig(), redis_url=url)
+        said = []
+        for gw in (gw1, gw2):
+            with TestClient(build_gateway_app(gw)) as client:
+                said.append(post(client, key, ASK).headers[headers.RESPONSE_CACHE])
+    assert said == [MISS, HIT] and (len(first.requests), len(second.requests)) == (1, 0)
 
 
 def test_another_tenant_or_a_new_version_never_reads_an_answer(tmp_path):
