@@ -121,9 +121,9 @@ def http(url: str, model: str):
 
 
 def started_server(command: list[str], ready_url: str, env: dict, log: str, timeout_s: float = 180,
-                   cwd: Path = ROOT) -> subprocess.Popen:
+                   cwd: Path = ROOT, verify=True) -> subprocess.Popen:
     """The server's output goes to benchmarks/.venvs/<log>.log (ignored by git); cwd: where it runs (`python -m`
-    imports inferd from there first)."""
+    imports inferd from there first); verify: how an https ready_url's certificate is checked (httpx's)."""
     logs = ROOT / "benchmarks" / ".venvs"
     logs.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(command, env=os.environ | env, cwd=cwd, stdout=subprocess.DEVNULL,
@@ -131,7 +131,7 @@ def started_server(command: list[str], ready_url: str, env: dict, log: str, time
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if httpx.get(ready_url, timeout=2).status_code == 200:
+            if httpx.get(ready_url, timeout=2, verify=verify).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass

@@ -66,6 +66,9 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--webhook-allow-network", action="append", default=[], metavar="CIDR",
                    help="a private network webhooks may call, e.g. 10.0.0.0/8 (repeatable; default: public "
                    "addresses only)")
+    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM, its chain after "
+                   "it); reloaded on SIGHUP or when the file changes (or tls: certfile in --gateway-config)")
+    p.add_argument("--ssl-keyfile", default=None, help="the certificate's private key (PEM), if not in its file")
     p.add_argument("--response-cache-ttl-s", type=float, default=0.0,
                    help="keep the text model's answers to deterministic requests (temperature 0 or a seed) this "
                    "long and answer the same request from them (default 0: off; per deployment in a spec)")

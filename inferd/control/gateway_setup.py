@@ -1,8 +1,10 @@
 """Building and running a gateway: from flags to a served app (used by `inferd serve` and `inferd gateway`)."""
 import argparse
+import asyncio
 import gc
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from inferd.gateway.app import Gateway, build_gateway_app
 from inferd.gateway.config import GatewayConfig, load_settings_file
 from inferd.control.kinds import gateway_model
 from inferd.control.pool import ReplicaPool
+from inferd.control.tls import CertificateReloader, check_pair
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.keys import NewKey
 from inferd.gateway.limits import MemoryLimiter
@@ -54,6 +57,13 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
     if args.files_dir:
         config.files_dir = Path(args.files_dir)
     config.lease_s = args.lease_s
+    tls = settings.get("tls") or {}
+    certfile, keyfile = args.ssl_certfile or tls.get("certfile"), args.ssl_keyfile or tls.get("keyfile")
+    if keyfile and not certfile:
+        raise ValueError("--ssl-keyfile needs --ssl-certfile")
+    if certfile:
+        config.ssl_certfile, config.ssl_keyfile = Path(certfile), Path(keyfile) if keyfile else None
+        check_pair(config.ssl_certfile, config.ssl_keyfile)
     if args.response_cache_ttl_s < 0 or args.response_cache_mib <= 0:
         raise ValueError("--response-cache-ttl-s must be at least 0 and --response-cache-mib above 0")
     if args.response_cache_ttl_s > 0:
@@ -146,8 +156,8 @@ def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, l
     console = Console(gateway, config.console_viewer_key)
     gateway.services.append(console)
     names = ", ".join(deployments.by_name)
-    log.info("inferd ready: model=%s url=http://%s:%d (gateway %s, store %s, limits %s)", names, config.host,
-             config.port, config.gateway_id, store.engine.url.render_as_string(hide_password=True),
+    log.info("inferd ready: model=%s url=%s://%s:%d (gateway %s, store %s, limits %s)", names,
+             "https" if config.ssl_certfile else "http", config.host, config.port, config.gateway_id, store.engine.url.render_as_string(hide_password=True),
              "redis" if config.redis_url else "in-process")
     app = build_gateway_app(gateway, console.routes())
     # while a worker thread (the usage writer, the journal) runs Python, the event loop waits this long at most for
@@ -158,7 +168,8 @@ def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, l
     gc.freeze()  # a full collection walked start-up's ~110,000 objects: 80 ms of a stopped event loop
     server = GatewayServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                                           ws_max_size=MAX_WS_FRAME_BYTES, http=ReadDeadlineProtocol,
-                                          log_config=None, access_log=False, timeout_graceful_shutdown=5),
+                                          log_config=None, access_log=False, timeout_graceful_shutdown=5,
+                                          ssl_certfile=config.ssl_certfile, ssl_keyfile=config.ssl_keyfile),
                            pools=[s for s in services if isinstance(s, ReplicaPool)])
     try:
         server.run()
@@ -177,6 +188,19 @@ class GatewayServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, pools: list[ReplicaPool]):
         super().__init__(config)
         self.pools = pools
+        self._watch: asyncio.Task | None = None
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.config.ssl is not None:  # the certificate reloaded on SIGHUP and when its files change
+            reloader = CertificateReloader(self.config.ssl, self.config.ssl_certfile, self.config.ssl_keyfile)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.reload)
+            self._watch = asyncio.create_task(reloader.watch())
+
+    async def shutdown(self, sockets=None) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig, frame) -> None:
         for pool in self.pools:

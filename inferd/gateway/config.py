@@ -44,6 +44,8 @@ class GatewayConfig:
     prices: dict[str, ModelPrice] = field(default_factory=dict)
     queue: QueueConfig = field(default_factory=QueueConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    ssl_certfile: Path | None = None  # HTTPS on the public port (control/tls.py reloads it)
+    ssl_keyfile: Path | None = None
     response_cache: ResponseCacheConfig | None = None  # the text deployment's made from flags (a spec's: its own)
     key_cache_ttl_s: float = 0.5  # a revoked key stops working within this (+ one store read)
     usage_journal: Path = Path.home() / ".inferd" / "usage.journal"  # one per gateway process (usage.py)
@@ -74,16 +76,17 @@ class GatewayConfig:
 
 
 def load_settings_file(path: str | Path) -> dict[str, Any]:
-    """Read prices and queue settings from YAML; unknown fields are errors that name them."""
+    """Read prices, queue and TLS settings from YAML; unknown fields are errors that name them."""
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    _known(raw, {"prices", "queue"}, str(path))
+    _known(raw, {"prices", "queue", "tls"}, str(path))
     prices = {model: ModelPrice(**_known(p or {}, _names(ModelPrice), f"prices.{model}"))
               for model, p in (raw.get("prices") or {}).items()}
     queue = QueueConfig(**_known(raw.get("queue") or {}, _names(QueueConfig), "queue"))
-    return {"prices": prices, "queue": queue}
+    tls = _known(raw.get("tls") or {}, {"certfile", "keyfile"}, "tls")
+    return {"prices": prices, "queue": queue, "tls": tls}
 
 
 def _names(cls: type) -> set[str]:
