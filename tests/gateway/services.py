@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 from tests.server import free_port
 
 
-def _missing(what: str) -> None:
+def missing(what: str) -> None:
     if os.environ.get("INFERD_REQUIRE_SERVICES") == "1":
         pytest.fail(f"{what} is required (INFERD_REQUIRE_SERVICES=1) but not available")
     pytest.skip(f"{what} not available")
@@ -25,7 +25,7 @@ def _missing(what: str) -> None:
 def redis_server() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
-        _missing("redis-server")
+        missing("redis-server")
     port = free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no",
                              "--bind", "127.0.0.1"], stdout=subprocess.DEVNULL)
@@ -49,7 +49,7 @@ def postgres_url() -> str:
     again, so parallel workers never drop each other's tables."""
     url = os.environ.get("INFERD_TEST_POSTGRES_URL")
     if not url:
-        _missing("PostgreSQL (INFERD_TEST_POSTGRES_URL)")
+        missing("PostgreSQL (INFERD_TEST_POSTGRES_URL)")
     schema = f"tests_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     engine = create_engine(url)
     with engine.begin() as conn:
@@ -69,7 +69,7 @@ def postgres_schema() -> Iterator[str]:
     test's gateways share a store that no other test's cleanup touches."""
     url = os.environ.get("INFERD_TEST_POSTGRES_URL")
     if not url:
-        _missing("PostgreSQL (INFERD_TEST_POSTGRES_URL)")
+        missing("PostgreSQL (INFERD_TEST_POSTGRES_URL)")
     schema = f"t_{os.getpid()}_{time.monotonic_ns()}"
     engine = create_engine(url)
     with engine.begin() as conn:
@@ -92,7 +92,7 @@ class OwnRedis:
     def __init__(self, folder: str):
         binary = shutil.which("redis-server")
         if binary is None:
-            _missing("redis-server")
+            missing("redis-server")
         self.binary, self.folder, self.port = binary, folder, free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
@@ -124,7 +124,7 @@ class OwnPostgres:
 
     def __init__(self):
         if not os.path.exists(f"{PG_BIN}/initdb"):
-            _missing("PostgreSQL's initdb")
+            missing("PostgreSQL's initdb")
         import tempfile
         self.folder = tempfile.mkdtemp(prefix="inferd-pg-")
         self.port = free_port()

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
+from tests.gateway.services import missing
 from tests.server import ROOT, free_port
 
 KEY = "sk-test-tls-key"
@@ -21,7 +21,7 @@ KEY = "sk-test-tls-key"
 
 def certificate(folder: Path, name: str) -> tuple[Path, Path]:
     if shutil.which("openssl") is None:
-        pytest.skip("openssl not available")
+        missing("openssl")
     cert, key = folder / f"{name}.crt", folder / f"{name}.key"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                     "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={name}",
