@@ -115,3 +115,35 @@ def flood_until_firing(url: str, prometheus: str, alert: str, timeout_s: float =
             if fired := [a for a in alerts if a["labels"]["alertname"] == alert and a["state"] == "firing"]:
                 return fired[0]
     pytest.fail(f"{alert} did not fire within {timeout_s} s")
+
+
+def test_the_grafana_dashboard_reads_only_series_inferd_serve_exports(smollm2_server):
+    """deploy/grafana/inferd.json: valid JSON whose every query names series /metrics has (a family declared by its
+    TYPE line counts for one with no sample yet), each panel with a unit and the model variable's query too."""
+    import json
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "inferd.json").read_text())
+    url = smollm2_server[0]
+    chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {SMOLLM2_KEY}"}, json=chat, timeout=60)
+    text = httpx.get(f"{url}/metrics").text
+    series = {line.split("{")[0].split()[0] for line in text.splitlines() if line and not line.startswith("#")}
+    families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    read = {name for q in queries for name in re.findall(r"\binferd_[a-z_]+", q)}
+    unknown = {n for n in read if n not in series and n.removesuffix("_bucket") not in families}
+    assert len(queries) >= 15 and not unknown, unknown
+    assert all(p["fieldConfig"]["defaults"]["unit"] for p in dashboard["panels"])
+
+
+def test_promtool_parses_every_query_of_the_grafana_dashboard(tmp_path):
+    """Each panel's query, Grafana's variables set as Grafana would, checked by promtool as a recording rule."""
+    import json
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "inferd.json").read_text())
+    exprs = [t["expr"].replace("$__rate_interval", "5m").replace("$model", ".*")
+             for p in dashboard["panels"] for t in p["targets"]]
+    (tmp_path / "dashboard.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]}]}))
+    checked = subprocess.run([promtool(), "check", "rules", "dashboard.yml"], cwd=tmp_path, capture_output=True,
+                             text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
