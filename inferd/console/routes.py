@@ -10,11 +10,13 @@ import csv
 import html
 import io
 import json
+import logging
 import time
 from datetime import date, datetime, timezone
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response, \
     StreamingResponse
@@ -22,7 +24,7 @@ from starlette.routing import Route
 
 from inferd.console import now, users
 from inferd.console.signin import ADMIN, COOKIE, IDLE_TTL_S, Session, Sessions, csrf_ok
-from inferd.console.window import SAMPLE_S, Window
+from inferd.console.window import COARSE_COUNT, COARSE_S, SAMPLE_S, Window
 from inferd.gateway.admin import Admin, tenant_json
 from inferd.gateway.auth import client_address
 from inferd.gateway.charges import budget_period
@@ -37,6 +39,10 @@ SECURITY_HEADERS = {
     "x-content-type-options": "nosniff", "x-frame-options": "DENY", "referrer-policy": "same-origin",
     "cache-control": "no-store"}
 EVENT_INTERVAL_S = 1.0
+log = logging.getLogger(__name__)
+
+HISTORY_S = COARSE_S * COARSE_COUNT  # what the History charts show (24 h)
+SAVE_S = 60.0  # the History buckets are saved this often
 PASSWORD_CHECKS = 2  # scrypt hashes computed at once (128 MiB each: console/users.py)
 MAX_USAGE_DAYS = 366
 EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
@@ -56,20 +62,38 @@ class Console:
         self._password_checks = asyncio.Semaphore(PASSWORD_CHECKS)
 
     async def start(self, gateway) -> None:
+        try:
+            self.window.restore(await asyncio.to_thread(self.gw.store.history_since, time.time() - HISTORY_S))
+        except SQLAlchemyError as exc:  # the store is down: History starts empty, requests are served
+            log.warning("the console's History was not read from the store: %s", exc)
         self._sampler = asyncio.create_task(self._sample())
 
     async def close(self) -> None:
         if self._sampler is not None:
             self._sampler.cancel()
+            await self._save()
 
     async def _sample(self) -> None:
+        saved = time.monotonic()
         while True:
             for d in self.gw.deployments.every():
                 waiting = sum(s.length for s in d.queue.stats().values())
                 kv = await now.kv_cache_usage(self.gw.client, d)
                 self.window.sample(d.name, d.version, waiting, d.queue.inflight, sum(u.healthy for u in d.upstreams),
                                    kv)
+            if time.monotonic() - saved >= SAVE_S:
+                saved = time.monotonic()
+                await self._save()
             await asyncio.sleep(SAMPLE_S)
+
+    async def _save(self) -> None:
+        """The History buckets of the last SAVE_S and more into the store (a crash loses at most that)."""
+        now_s = time.time()
+        try:
+            await asyncio.to_thread(self.gw.store.save_history, self.gw.config.gateway_id,
+                                    self.window.coarse_buckets(now_s - 2 * SAVE_S), now_s - HISTORY_S - COARSE_S)
+        except SQLAlchemyError as exc:
+            log.warning("the console's History was not saved in the store: %s", exc)
 
     def routes(self) -> list[Route]:
         get = [("", self.page), ("/events", self.events), ("/api/now", self.now), ("/api/tenants", self.tenants),

@@ -4,7 +4,8 @@ It sees every usage record (a Gateway observer) and samples the gauges (queue le
 replicas, the replicas' mean KV-cache use) every SAMPLE_S. Two rings per deployment version, so memory is
 bounded whatever the traffic:
     FINE: 1-minute buckets for the last hour (TTFT over 5 and 60 minutes, the request rate now)
-    COARSE: 10-minute buckets for the last 24 hours (the History charts)
+    COARSE: 10-minute buckets for the last 24 hours (the History charts); the console saves them in the store
+            each minute and restores them at start, so History outlives a restart
 The prefix-cache hit rate is the records' cached prompt tokens over their prompt tokens. A latency (TTFT, E2E,
 and the record's TPOT: streamed or unary, see relay.Outcome.tpot_s) is counted in the gateway's histogram buckets
 (telemetry.LATENCY_BUCKETS_S); percentiles are interpolated inside a bucket, as Prometheus' histogram_quantile
@@ -49,6 +50,26 @@ class Bucket:
         self.cached_tokens += record.cached_tokens
         if record.tpot_s is not None:
             self.tpot[bisect.bisect_left(LATENCY_BUCKETS_S, record.tpot_s)] += 1
+
+    def to_dict(self) -> dict:
+        return {"requests": self.requests, "failures": dict(self.failures), "ttft": self.ttft, "e2e": self.e2e,
+                "tpot": self.tpot, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "queue_length_max": self.queue_length_max, "inflight_max": self.inflight_max,
+                "ready_replicas": self.ready_replicas, "kv_usage": self.kv_usage}
+
+    def merge(self, saved: dict) -> None:
+        """Another gateway's (or an earlier process's) bucket of the same time, as to_dict wrote it."""
+        self.requests += saved["requests"]
+        self.failures.update(saved["failures"])
+        for name in ("ttft", "e2e", "tpot"):
+            setattr(self, name, [a + b for a, b in zip(getattr(self, name), saved[name])])
+        self.prompt_tokens += saved["prompt_tokens"]
+        self.cached_tokens += saved["cached_tokens"]
+        self.queue_length_max = max(self.queue_length_max, saved["queue_length_max"])
+        self.inflight_max = max(self.inflight_max, saved["inflight_max"])
+        self.ready_replicas = max(self.ready_replicas, saved["ready_replicas"])
+        if saved["kv_usage"] is not None:
+            self.kv_usage = max(self.kv_usage or 0.0, saved["kv_usage"])
 
     def sample(self, queue_length: int, inflight: int, ready: int, kv_usage: float | None = None) -> None:
         self.queue_length_max = max(self.queue_length_max, queue_length)
@@ -133,6 +154,26 @@ class Window:
                  "prefix_cache_hit_rate": b.cached_tokens / b.prompt_tokens if b.prompt_tokens else None,
                  "kv_cache_usage": b.kv_usage, "queue_length_max": b.queue_length_max,
                  "inflight_max": b.inflight_max, "ready_replicas": b.ready_replicas} for b in ring.buckets]
+
+    def coarse_buckets(self, since_unix_s: float) -> list[tuple[str, str, float, dict]]:
+        """(deployment, version, start, bucket) of the History buckets that end after since_unix_s: what the
+        console saves each minute (console/routes.py)."""
+        return [(name, version, b.start_unix_s, b.to_dict()) for (name, version), s in self.series.items()
+                for b in s.coarse.since(since_unix_s)]
+
+    def restore(self, saved: list[dict]) -> None:
+        """History buckets saved before this process started (every gateway's of the store, oldest first), for
+        the versions served now. The bucket in progress is left out: this process counts it from here on."""
+        current = self.clock() // COARSE_S * COARSE_S
+        for row in saved:
+            s = self._series(row["deployment"], row["version"])
+            if s is None or row["start_unix_s"] >= current:
+                continue
+            ring = s.coarse.buckets
+            if not ring or ring[-1].start_unix_s < row["start_unix_s"]:
+                ring.append(Bucket(row["start_unix_s"]))
+            if ring[-1].start_unix_s == row["start_unix_s"]:
+                ring[-1].merge(row["bucket"])
 
     def _series(self, name: str, version: str) -> Series | None:
         s = self.series.get((name, version))

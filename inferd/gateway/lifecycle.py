@@ -112,6 +112,7 @@ class Exchange:
     headers: dict[str, str] = field(default_factory=dict)  # said on every response (degraded, fallback)
     refusal: BaseException | None = None  # what ended it before any attempt
     model: str = UNKNOWN_MODEL  # the deployment it names, once known: a refusal before any attempt is recorded there
+    version: str | None = None  # and that deployment's version (the console counts the refusal on its card)
     content: bytes = b""  # the client's body, as it came (a plan without a body of its own forwards it)
     batch_id: str | None = None  # a batch line's batch: priced at config.batch_price_multiplier
     finished: bool = False  # _finish ran (at a stream's end, before its [DONE], or in the finally)
@@ -182,7 +183,7 @@ class RequestPath:
             named = _model_named(request, op, raw)  # else validated first, to say what is wrong with it
             body = None if named is not None else op.body_type.model_validate(raw)
             asked = self._deployment(x.key, op, *(named or (body.model, None)))
-            x.model = asked.name
+            x.model, x.version = asked.name, asked.version
             x.priority_class = priority_class(x.key, request)
             x.deadline_s = deadline_s(x.key, request, x.arrival_s)
             await self._refuse_early(x, asked)
@@ -534,9 +535,10 @@ class RequestPath:
 
     def _refusal_record(self, x: Exchange, err: APIError) -> UsageRecord:
         return UsageRecord(
-            request_id=x.request_id, model=x.model, status="rejected", http_status=err.status,
-            started_unix_s=x.started_unix_s, e2e_s=time.monotonic() - x.arrival_s, gateway_id=self.config.gateway_id,
-            tenant_id=x.key.tenant.id, key_id=x.key.id, error_code=err.code, batch_id=x.batch_id)
+            request_id=x.request_id, model=x.model, deployment_version=x.version, status="rejected",
+            http_status=err.status, started_unix_s=x.started_unix_s, e2e_s=time.monotonic() - x.arrival_s,
+            gateway_id=self.config.gateway_id, tenant_id=x.key.tenant.id, key_id=x.key.id, error_code=err.code,
+            batch_id=x.batch_id)
 
     def _child(self, name: str, x: Exchange):
         if not self.traced:

@@ -1,5 +1,5 @@
-"""Tenants, keys, usage records (with their daily rollups), console users and the audit log of changes in SQL: an SQLite file by
-default, PostgreSQL when several gateways share."""
+"""Tenants, keys, usage records (with their daily rollups), console users, the console's History buckets and the
+audit log of changes in SQL: an SQLite file by default, PostgreSQL when several gateways share."""
 import time
 import uuid
 from pathlib import Path
@@ -7,13 +7,13 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, case, create_engine, event, func, insert, select, update
+from sqlalchemy import Engine, case, create_engine, delete, event, func, insert, select, update
 from sqlalchemy.exc import ArgumentError, IntegrityError, InterfaceError, NoSuchModuleError, OperationalError
 
 from inferd.gateway import rollups
 from inferd.gateway.keys import NewKey, generate_key
 from inferd.gateway.policy import KeyPolicy, Limits, PolicyError, TenantPolicy, check_priority_class
-from inferd.gateway.tables import api_keys, audit_log, console_users, tenants, usage_records
+from inferd.gateway.tables import api_keys, audit_log, console_history, console_users, tenants, usage_records
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 TENANT_SETTINGS = ("weight", "priority_class", "default_deadline_ms", "queue_share", "allowed_models",
@@ -286,6 +286,30 @@ class Store:
         """Audit a change whose state lives outside the store (a rollout start, promotion or rollback)."""
         with self.engine.begin() as conn:
             _audit(conn, actor, action, target, detail)
+
+    # the console's History
+
+    def save_history(self, gateway_id: str, buckets: list[tuple[str, str, float, dict]], before_unix_s: float
+                     ) -> None:
+        """This gateway's buckets (deployment, version, start, bucket), each replacing its earlier copy; every
+        gateway's buckets that started before before_unix_s go."""
+        h = console_history.c
+        with self.engine.begin() as conn:
+            conn.execute(delete(console_history).where(h.start_unix_s < before_unix_s))
+            for name, version, start, bucket in buckets:
+                conn.execute(delete(console_history).where(h.gateway_id == gateway_id, h.deployment == name,
+                                                           h.version == version, h.start_unix_s == start))
+            if buckets:
+                conn.execute(insert(console_history), [
+                    {"gateway_id": gateway_id, "deployment": name, "version": version, "start_unix_s": start,
+                     "bucket": bucket} for name, version, start, bucket in buckets])
+
+    def history_since(self, since_unix_s: float) -> list[dict]:
+        """Every gateway's buckets that started at or after since_unix_s, oldest first."""
+        query = select(console_history).where(console_history.c.start_unix_s >= since_unix_s).order_by(
+            console_history.c.start_unix_s)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
 
     def audit(self, limit: int = 100) -> list[dict]:
         """The newest changes first: tenants, keys and operator rollout actions."""

@@ -207,3 +207,15 @@ console_users = Table(
     Column("created_unix_s", Float, nullable=False),
     Column("updated_unix_s", Float, nullable=False),
 )
+
+# The console's 10-minute buckets of each deployment version (console/window.py), written each minute by each
+# gateway, so that its History charts outlive a restart.
+console_history = Table(
+    "console_history", metadata,
+    Column("gateway_id", String(64), primary_key=True),
+    Column("deployment", String(256), primary_key=True),
+    Column("version", String(128), primary_key=True),
+    Column("start_unix_s", Float, primary_key=True),
+    Column("bucket", JSON, nullable=False),  # Bucket.to_dict()
+    Index("ix_console_history_start", "start_unix_s"),
+)

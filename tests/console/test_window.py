@@ -85,3 +85,26 @@ def test_a_records_tpot_counts_streamed_and_unary_answers_alike():
     failed = Outcome(streamed=True, ttft_s=0.1, completion_tokens=9)
     failed.end("failed", 500)
     assert failed.tpot_s(1.0) is None
+
+
+def test_history_is_saved_and_restored_merging_the_gateways_and_leaving_the_bucket_in_progress():
+    from inferd.console.window import COARSE_S
+    clock = Clock()
+    clock.t = 1_800_000_000.0 // COARSE_S * COARSE_S
+    first, second = Window(lambda n, v: n == "m", clock), Window(lambda n, v: n == "m", clock)
+    for w, n in ((first, 3), (second, 2)):
+        for _ in range(n):
+            w.observe(record())
+        w.observe(record(status="cancelled", error_code="client_closed_request"))
+    clock.t += COARSE_S  # a bucket later, each gateway's bucket in progress too
+    first.observe(record())
+    saved = [{"deployment": name, "version": version, "start_unix_s": start, "bucket": bucket}
+             for w in (first, second) for name, version, start, bucket in w.coarse_buckets(clock.t - COARSE_S)]
+    saved.append({"deployment": "gone", "version": "v1", "start_unix_s": saved[0]["start_unix_s"],
+                  "bucket": saved[0]["bucket"]})
+    restarted = Window(lambda n, v: n == "m", clock)
+    restarted.restore(sorted(saved, key=lambda r: r["start_unix_s"]))
+    points = restarted.history("m", "v1")
+    assert [(p["requests_per_s"] * COARSE_S, p["failures"]) for p in points] == [(7, 2)]
+    assert restarted.recent("m", "v1")["last_5m"]["requests"] == 0  # the minutes' rings start empty
+    assert list(restarted.series) == [("m", "v1")]

@@ -33,7 +33,7 @@ def test_migrate_is_idempotent_and_keeps_data(store):
     store.migrate()
     assert store.tenant("acme").limits.tpm == 100
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0007"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0008"
     assert {"tenants", "api_keys", "usage_records", "console_users"} <= set(inspect(store.engine).get_table_names())
 
 
@@ -98,3 +98,14 @@ def test_usage_insert_skips_replayed_records_and_sums(store):
     assert row["tenant"] == "acme" and row["requests"] == 3 and row["completed"] == 2 and row["failed"] == 1
     assert row["prompt_tokens"] == 30 and row["cost_usd"] == pytest.approx(1.0)
     assert store.spent_usd(t.id, 0) == pytest.approx(1.0)
+
+
+def test_the_consoles_history_buckets_are_replaced_read_back_and_pruned(store):
+    b = {"requests": 1}
+    store.save_history("gw1", [("m", "v1", 600.0, b), ("m", "v1", 1200.0, b)], before_unix_s=0.0)
+    store.save_history("gw1", [("m", "v1", 1200.0, {"requests": 5})], before_unix_s=0.0)  # the same bucket, later
+    store.save_history("gw2", [("m", "v1", 1200.0, {"requests": 2})], before_unix_s=0.0)
+    rows = [(r["gateway_id"], r["start_unix_s"], r["bucket"]["requests"]) for r in store.history_since(1200.0)]
+    assert sorted(rows) == [("gw1", 1200.0, 5), ("gw2", 1200.0, 2)]
+    store.save_history("gw2", [], before_unix_s=1000.0)  # every gateway's older buckets go
+    assert [r["start_unix_s"] for r in store.history_since(0.0)] == [1200.0, 1200.0]
