@@ -7,7 +7,7 @@ from starlette.routing import Route
 
 from inferd.gateway.auth import authorization, client_address
 from inferd.gateway.deployments import Deployment
-from inferd.gateway.lifecycle import usable
+from inferd.gateway.exchange import usable
 from inferd.protocol.anthropic import CountTokensRequest
 from inferd.protocol.errors import InvalidRequest
 from inferd.protocol.http import read_json
