@@ -18,7 +18,7 @@ from inferd.gateway.app import Gateway, build_gateway_app
 from inferd.gateway.config import GatewayConfig, load_settings_file
 from inferd.control.kinds import gateway_model
 from inferd.control.pool import ReplicaPool
-from inferd.control.tls import CertificateReloader, check_pair
+from inferd.control.tls import CertificateReloader, check_pair, expiry_metric
 from inferd.gateway.deployments import Deployment, Deployments, Upstream
 from inferd.gateway.keys import NewKey
 from inferd.gateway.limits import MemoryLimiter
@@ -153,6 +153,8 @@ def run_gateway(config: GatewayConfig, store: Store, deployments: Deployments, l
     tracer, provider = make_tracer("inferd-gateway", config.otlp_endpoint)
     gateway = Gateway(config, store, limiter, deployments, tracer, provider, transport)
     gateway.services.extend(services)
+    if config.ssl_certfile:
+        gateway.metrics.watch(lambda: expiry_metric(config.ssl_certfile))
     console = Console(gateway, config.console_viewer_key)
     gateway.services.append(console)
     names = ", ".join(deployments.by_name)

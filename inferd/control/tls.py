@@ -4,12 +4,17 @@ uvicorn builds one SSLContext from --ssl-certfile/--ssl-keyfile; a handshake tak
 it is at that moment. So loading the files again into the same context is the whole reload: connections open
 (and streams running) keep the session they have, new connections get the new certificate. It happens on
 SIGHUP, and when either file changes (polled every POLL_S: a renewal tool that replaces the files needs no
-signal). A pair that does not load (half written, a key that does not match) is logged and the old one kept."""
+signal). A pair that does not load (half written, a key that does not match) is logged and the old one kept.
+The certificate's expiry is a gauge on /metrics, read from the file at each scrape (InferdCertificateExpiringSoon)."""
 import asyncio
 import logging
 import os
 import ssl
+from collections.abc import Iterator
 from pathlib import Path
+
+from cryptography import x509
+from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger("inferd")
 
@@ -55,3 +60,13 @@ class CertificateReloader:
                 return None
             return st and (st.st_mtime_ns, st.st_size, st.st_ino)
         return stamp(self.certfile), stamp(self.keyfile)
+
+
+def expiry_metric(certfile: Path) -> Iterator[GaugeMetricFamily]:
+    """The certificate's notAfter as a gauge (a GatewayMetrics source); nothing while the file does not parse."""
+    try:
+        expires = x509.load_pem_x509_certificate(certfile.read_bytes()).not_valid_after_utc.timestamp()
+    except (OSError, ValueError):
+        return
+    yield GaugeMetricFamily("inferd_gateway_tls_certificate_expiry_timestamp_seconds",
+                            "When the certificate the public port serves expires (Unix seconds).", value=expires)

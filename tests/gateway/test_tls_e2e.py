@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+from cryptography import x509
 
 from tests.gateway.services import missing
 from tests.server import ROOT, free_port
@@ -73,6 +74,11 @@ def test_a_certificate_is_reloaded_without_dropping_a_stream(tmp_path):
             except httpx.TransportError:
                 time.sleep(0.25)
         assert served_certificate(port) == der(a[0])
+        metrics = httpx.get(f"{url}/metrics", verify=trusting(a[0])).text  # InferdCertificateExpiringSoon reads it
+        expires = x509.load_pem_x509_certificate(a[0].read_bytes()).not_valid_after_utc.timestamp()
+        said = [float(line.split()[1]) for line in metrics.splitlines()
+                if line.startswith("inferd_gateway_tls_certificate_expiry_timestamp_seconds ")]
+        assert said == [expires]
 
         chunks, done = [], threading.Event()
 
