@@ -25,11 +25,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks.embeddings import ROOT, started_server, stopped
+from benchmarks.embeddings import ROOT, started_server, stopped, text_server_command
 from benchmarks.machine import describe
 from benchmarks.overload import quantile
 from inferd.gateway.store import Store
-from inferd.models.loader import default_model_path
 
 KEY = "sk-bench-burst"
 WORDS = "apple river stone cloud maple violet copper meadow lantern harbor".split()
@@ -115,11 +114,7 @@ def main() -> None:
     p.add_argument("--floor", action="store_true", help="a bare ASGI app on uvicorn that refuses everything")
     args = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="inferd-burst-"))
-    command = [sys.executable, "-m", "inferd.cli", "serve", str(default_model_path()), "--port", str(args.port),
-               "--api-key", KEY, "--db", f"sqlite:///{folder / 'inferd.db'}",
-               "--usage-journal", str(folder / "usage.journal"), "--embedding-model", "none",
-               "--classical-model", "none", "--policy-model", "none", "--log-level", "warning",
-               *args.serve_args.split()]
+    command = text_server_command(folder, args.port, KEY, *args.serve_args.split())
     if args.floor:
         command = [sys.executable, "-c", FLOOR_APP, str(args.port)]
     else:

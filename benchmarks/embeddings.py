@@ -39,6 +39,7 @@ from inferd.models.bert import BertEncoder, load_weights
 from inferd.kernels.variants import cpu_flags
 from inferd.models.packed import pack_linears
 from inferd.models.sentence import load_embedding_model
+from inferd.models.loader import default_model_path
 
 ROOT = Path(__file__).parents[1]
 SIZES, LENGTHS = (1, 8, 32, 128), {"short": 16, "long": 200}
@@ -138,6 +139,15 @@ def started_server(command: list[str], ready_url: str, env: dict, log: str, time
         time.sleep(0.5)
     proc.terminate()
     raise RuntimeError(f"{command[0]} did not answer {ready_url} within {timeout_s:.0f} s (exit {proc.poll()})")
+
+
+def text_server_command(folder: Path, port: int, key: str, *flags: str) -> list[str]:
+    """`inferd serve` of the packaged SmolLM2 alone (no embedding, classical or policy model), its store and usage
+    journal in folder (one server each), with flags after."""
+    return [sys.executable, "-m", "inferd.cli", "serve", str(default_model_path()), "--port", str(port),
+            "--api-key", key, "--db", f"sqlite:///{folder / 'inferd.db'}", "--usage-journal",
+            str(folder / "usage.journal"), "--embedding-model", "none", "--classical-model", "none",
+            "--policy-model", "none", "--log-level", "warning", *flags]
 
 
 def stopped(proc: subprocess.Popen) -> None:

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.embeddings import ROOT, started_server, stopped
+from benchmarks.embeddings import ROOT, started_server, stopped, text_server_command
 from benchmarks.machine import describe
 from benchmarks.overload import quantile
-from inferd.models.loader import default_model_path
 
 KEY = "sk-bench-response-cache"
 MODEL = "SmolLM2-135M-Instruct"
@@ -59,11 +58,7 @@ def main() -> None:
     p.add_argument("--busy", action="store_true", help="a CPU-bound Python process beside the server throughout")
     args = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="inferd-response-cache-"))
-    command = [sys.executable, "-m", "inferd.cli", "serve", str(default_model_path()), "--port", str(args.port),
-               "--api-key", KEY, "--db", f"sqlite:///{folder / 'inferd.db'}",
-               "--usage-journal", str(folder / "usage.journal"), "--embedding-model", "none",
-               "--classical-model", "none", "--policy-model", "none", "--log-level", "warning",
-               "--response-cache-ttl-s", "300"]
+    command = text_server_command(folder, args.port, KEY, "--response-cache-ttl-s", "300")
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     proc = started_server(command, f"http://127.0.0.1:{args.port}/ready", {"PYTHONPATH": str(ROOT)},
                           "inferd-response-cache")

@@ -7,6 +7,7 @@ connection each (a TLS handshake each). Latency at the client; the gateway proce
 from /proc) per request. The certificate is a P-256 one made with openssl.
 
     PYTHONPATH=. .venv/bin/python benchmarks/tls.py --out benchmarks/results/tls.json
+    PYTHONPATH=. .venv/bin/python benchmarks/tls.py --busy --out ...  # beside a busy process
 """
 import argparse
 import json
@@ -21,10 +22,9 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.embeddings import ROOT, started_server, stopped
+from benchmarks.embeddings import ROOT, started_server, stopped, text_server_command
 from benchmarks.machine import describe
 from benchmarks.overload import quantile
-from inferd.models.loader import default_model_path
 
 KEY = "sk-bench-tls-key"
 BODY = {"model": "SmolLM2-135M-Instruct", "messages": "?"}
@@ -63,7 +63,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--port", type=int, default=8975)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--busy", action="store_true", help="a CPU-bound Python process beside the servers throughout")
     args = p.parse_args()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     folder = Path(tempfile.mkdtemp(prefix="inferd-tls-"))
     cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
@@ -71,11 +73,9 @@ def main() -> None:
                     "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
     results = {}
     for name, tls in (("http", False), ("https", True)):
-        command = [sys.executable, "-m", "inferd.cli", "serve", str(default_model_path()), "--port", str(args.port),
-                   "--api-key", KEY, "--db", f"sqlite:///{folder / f'{name}.db'}",
-                   "--usage-journal", str(folder / f"{name}.journal"), "--embedding-model", "none",
-                   "--classical-model", "none", "--policy-model", "none", "--log-level", "warning"]
-        command += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key)] if tls else []
+        (folder / name).mkdir()
+        command = text_server_command(folder / name, args.port, KEY,
+                                      *(["--ssl-certfile", str(cert), "--ssl-keyfile", str(key)] if tls else []))
         url = f"{name}://127.0.0.1:{args.port}"
         verify = ssl.create_default_context(cafile=str(cert)) if tls else False  # no CA bundle loaded a client
         proc = started_server(command, f"{url}/ready", {"PYTHONPATH": str(ROOT)}, f"inferd-{name}", verify=verify)
@@ -85,10 +85,13 @@ def main() -> None:
         finally:
             stopped(proc)
         print(name, json.dumps(results[name]), flush=True)
+    if busy is not None:
+        busy.kill()
     ratios = {mode: {k: round(results["https"][mode][k] / results["http"][mode][k], 2)
                      for k in results["http"][mode]} for mode in results["http"]}
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": describe() | {"load_average_before": os.getloadavg(), "shared": "nothing else running"},
+              "machine": describe() | {"load_average_before": os.getloadavg(), "shared": "a busy Python loop beside" if args.busy else
+                                       "nothing else running"},
               "settings": vars(args) | {"out": args.out.name if args.out else None},
               "results": results, "https_over_http": ratios}
     print(json.dumps(ratios, indent=2))

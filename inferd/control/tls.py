@@ -32,19 +32,16 @@ def check_pair(certfile: Path, keyfile: Path | None) -> None:
 class CertificateReloader:
     def __init__(self, context: ssl.SSLContext, certfile: Path, keyfile: Path | None):
         self.context, self.certfile, self.keyfile = context, certfile, keyfile
-        self.reloads = 0
         self._seen = self._stamps()
 
-    def reload(self) -> bool:
+    def reload(self) -> None:
         self._seen = self._stamps()
         try:
             self.context.load_cert_chain(self.certfile, self.keyfile)
         except (OSError, ssl.SSLError) as exc:
             log.error("TLS certificate %s not reloaded, the one loaded before is kept: %s", self.certfile, exc)
-            return False
-        self.reloads += 1
+            return
         log.info("TLS certificate %s reloaded: new connections get it", self.certfile)
-        return True
 
     async def watch(self) -> None:
         while True:

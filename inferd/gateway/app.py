@@ -102,6 +102,9 @@ class Gateway:
         for service in self.services:
             await service.close()
         await self.usage.close()
+        for d in self.deployments.every():
+            if d.response_cache is not None:
+                await d.response_cache.close()
         await self.client.aclose()
         await self.limiter.close()
         if self.tracer_provider is not None:

@@ -120,9 +120,10 @@ class RequestPath:
                 x.span.update_name(f"{op.name} {deployment.name}")
                 x.span.set_attributes({"gen_ai.request.model": deployment.name, "inferd.tenant_id": x.key.tenant.id})
             key, stored = await self._cached(x, op, deployment, plan, raw)
-            if stored is not None:
-                attempt, stored, response = await self._hit(x, deployment, plan, stored), renewed(stored), None
-                whole = None if plan.stream else (stored, {"content-type": "application/json"})
+            if stored is not None:  # parsed once: its usage, then the body or the stream's chunks
+                stored = renewed(stored)
+                attempt, response = await self._hit(x, deployment, plan, stored.get("usage")), None
+                whole = None if plan.stream else (orjson.dumps(stored), {"content-type": "application/json"})
             else:
                 async with cancelled_on_disconnect(request):
                     attempt, response, whole = await self._attempts(x, op, deployment, plan, body, raw)
@@ -138,7 +139,7 @@ class RequestPath:
             yield Head(200, said)
             if stored is not None:  # a hit, replayed as a stream
                 usage = answer is not None or bool((raw.get("stream_options") or {}).get("include_usage"))
-                events = b"".join(map(sse_event, as_chunks(orjson.loads(stored), usage)))
+                events = b"".join(map(sse_event, as_chunks(stored, usage)))
                 yield answer.events(events) if answer else events
                 attempt.outcome.stream_done = True
             else:
@@ -256,7 +257,7 @@ class RequestPath:
         self.metrics.response_cache(d.name, verdict)
         return key, stored
 
-    async def _hit(self, x: Exchange, d: Deployment, plan: Plan, stored: bytes) -> Attempt:
+    async def _hit(self, x: Exchange, d: Deployment, plan: Plan, usage: dict | None) -> Attempt:
         """The attempt a cached answer answers: the key's rate limits and budget still apply (a reservation,
         settled to nothing), no queue and no replica."""
         attempt = x.begin(plan, Admission(d))
@@ -271,7 +272,7 @@ class RequestPath:
                 raise
         x.unhold()
         o = attempt.outcome
-        o.observe_usage(orjson.loads(stored).get("usage"))
+        o.observe_usage(usage)
         o.end("completed", 200)
         o.cache_hit, o.ttft_s = True, time.monotonic() - x.arrival_s
         return attempt

@@ -50,7 +50,7 @@ class ResponseCache:
         self.redis = Redis.from_url(redis_url, socket_timeout=REDIS_TIMEOUT_S,
                                     socket_connect_timeout=REDIS_TIMEOUT_S) if redis_url else None
         self.bytes = 0  # in this gateway's memory
-        self.hits = self.misses = self.failures = 0
+        self.failures = 0  # Redis calls that failed (the first is logged)
 
     def verdict(self, op: str, raw: dict) -> str:
         """MISS if the request may be answered from the cache (and fill it), else BYPASS or UNCACHEABLE."""
@@ -69,17 +69,14 @@ class ResponseCache:
             except (RedisError, OSError) as exc:
                 self._failed(exc)
                 found = None
-            self.hits, self.misses = self.hits + (found is not None), self.misses + (found is None)
             return found
         entry = self._entries.get(key)
         if entry is not None and entry[0] <= self._clock():
             self._drop(key)
             entry = None
         if entry is None:
-            self.misses += 1
             return None
         self._entries.move_to_end(key)
-        self.hits += 1
         return entry[1]
 
     async def put(self, key: str, answer: bytes) -> None:
@@ -97,6 +94,10 @@ class ResponseCache:
         self.bytes += len(answer)
         while self.bytes > self.config.max_bytes:
             self._drop(next(iter(self._entries)))
+
+    async def close(self) -> None:
+        if self.redis is not None:
+            await self.redis.aclose()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -118,10 +119,10 @@ def cache_key(tenant_id: str, deployment: str, version: str, digests: dict | Non
     return hashlib.sha256(whole).hexdigest()
 
 
-def renewed(answer: bytes) -> bytes:
-    """A cached answer as a new one: its own id (the same prefix) and creation time."""
+def renewed(answer: bytes) -> dict:
+    """A cached answer, parsed, as a new one: its own id (the same prefix) and creation time."""
     whole = orjson.loads(answer)
-    if isinstance(whole, dict) and isinstance(whole.get("id"), str):
+    if isinstance(whole.get("id"), str):
         prefix = whole["id"].rpartition("-")[0] or "cmpl"
         whole |= {"id": f"{prefix}-{new_id()}", "created": int(time.time())}
-    return orjson.dumps(whole)
+    return whole
