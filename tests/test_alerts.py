@@ -100,7 +100,7 @@ def test_a_full_queue_fires_its_alert_in_a_real_prometheus_scraping_inferd_serve
     assert firing["annotations"]["runbook_url"] == "docs/runbooks.md#inferdrefusingforcapacity"
 
 
-def flood_until_firing(url: str, prometheus: str, alert: str, timeout_s: float = 90) -> dict:
+def flood_until_firing(url: str, prometheus: str, alert: str, timeout_s: float = 180) -> dict:
     """Chat requests 8 at a time (each holds the slot for 32 tokens) until Prometheus says the alert fires."""
     chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Count to 50."}],
             "max_tokens": 32, "ignore_eos": True}
