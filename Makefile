@@ -30,6 +30,7 @@ $(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
 $(VENV)/.installed-test: $(VENV)/.installed
 	INFERD_KERNEL_ISAS=$(KERNEL_ISAS) $(PIP) --no-build-isolation -e '.[test,ray]'  # ray: tests/control/test_ray.py runs on a local Ray cluster
 	$(PIP) --no-deps openpi-client==0.1.2  # the robot policy tests' client; it pins numpy<2, which it does not need
+	if command -v npm >/dev/null; then npm ci --prefix tests/oidc --no-audit --no-fund --loglevel=error; fi  # the OIDC tests' identity provider
 	touch $@
 
 install: $(VENV)/.installed

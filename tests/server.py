@@ -18,23 +18,24 @@ ROOT = Path(__file__).parents[1]
 
 @contextmanager
 def running_server(log_path: Path, *args: str, embeddings: bool = False, classical: bool = False,
-                   policy: bool = False) -> Iterator[str]:
+                   policy: bool = False, port: int | None = None) -> Iterator[str]:
     """`inferd serve --dtype float32 ARGS` until the block ends; yields its base URL once /ready answers 200.
 
     Its store is an SQLite file beside the log (db_url(log_path)), so each server starts empty; so is its
     usage journal. Without `embeddings` it serves no embedding model, without `classical` no classical one,
-    without `policy` no robot policy (a replica fewer each)."""
-    with server_process(log_path, *args, embeddings=embeddings, classical=classical, policy=policy) as (_, url):
+    without `policy` no robot policy (a replica fewer each). port: the one to listen on (default: a free one)."""
+    with server_process(log_path, *args, embeddings=embeddings, classical=classical, policy=policy,
+                        port=port) as (_, url):
         yield url
 
 
 @contextmanager
 def server_process(log_path: Path, *args: str, embeddings: bool = False, classical: bool = False,
-                   policy: bool = False, startup_timeout_s: float = STARTUP_TIMEOUT_S, own_group: bool = False
-                   ) -> Iterator[tuple[subprocess.Popen, str]]:
+                   policy: bool = False, startup_timeout_s: float = STARTUP_TIMEOUT_S, own_group: bool = False,
+                   port: int | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
     """running_server's process and URL, for a test that kills it; terminated at the end if it still runs.
     own_group: its own process group (os.killpg(proc.pid, SIGINT) is a terminal's Ctrl-C)."""
-    port = free_port()
+    port = port or free_port()
     cmd = [sys.executable, "-m", "inferd.cli", "serve", "--dtype", "float32", "--port", str(port),
            "--db", db_url(log_path), "--usage-journal", str(log_path.with_name("usage.journal")),
            "--files-dir", str(log_path.with_name("files")), *args]

@@ -23,13 +23,14 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Redire
 from starlette.routing import Route
 
 from inferd.console import now, users
-from inferd.console.signin import ADMIN, COOKIE, IDLE_TTL_S, Session, Sessions, csrf_ok
+from inferd.console.signin import ADMIN, COOKIE, IDLE_TTL_S, MEMBER, Session, Sessions, csrf_ok
+from inferd.console.sso import PENDING_S, STATE_COOKIE, SignInRefused, SingleSignOn
 from inferd.console.window import COARSE_COUNT, COARSE_S, SAMPLE_S, Window
 from inferd.gateway.admin import Admin, tenant_json
 from inferd.gateway.auth import client_address
 from inferd.gateway.charges import budget_period
 from inferd.gateway.rollups import DAY_S, SUMS
-from inferd.protocol.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
+from inferd.protocol.errors import APIError, AuthenticationFailed, InvalidRequest, PermissionDenied
 
 STATIC = Path(__file__).parent / "static"
 STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css"}
@@ -54,6 +55,8 @@ class Console:
     def __init__(self, gateway, viewer_key: str | None = None):
         self.gw = gateway
         self.sessions = Sessions(gateway.config.admin_key, viewer_key)
+        oidc = gateway.config.oidc
+        self.sso = SingleSignOn(gateway.issuer, oidc) if oidc and oidc.client_id else None
         self.window = Window(lambda name, version: any(d.version == version for d in
                                                        gateway.deployments.versions(name)))
         self.admin = Admin(gateway)
@@ -98,7 +101,8 @@ class Console:
     def routes(self) -> list[Route]:
         get = [("", self.page), ("/events", self.events), ("/api/now", self.now), ("/api/tenants", self.tenants),
                ("/api/usage", self.usage), ("/usage.csv", self.usage_csv), ("/api/history", self.history),
-               ("/api/rollouts", self.rollouts), ("/static/{name}", self.static)]
+               ("/api/rollouts", self.rollouts), ("/static/{name}", self.static), ("/oidc/sign-in", self.sso_begin),
+               ("/oidc/callback", self.sso_finish)]
         post = [("/sign-in", self.sign_in), ("/sign-out", self.sign_out), ("/api/keys", self.create_key),
                 ("/api/keys/{key_id}/revoke", self.revoke_key), ("/api/rollouts/{name}/{action}", self.rollout)]
         return ([Route(f"/console{p}", _secured(f), methods=["GET"]) for p, f in get]
@@ -110,7 +114,7 @@ class Console:
         session = await self._session(request)
         if session is None:
             enabled = self.sessions.enabled or bool(await asyncio.to_thread(self.gw.store.console_users))
-            return HTMLResponse(signin_page(enabled, request.query_params.get("error")))
+            return HTMLResponse(signin_page(enabled, request.query_params.get("error"), self.sso is not None))
         return HTMLResponse(console_page(session))
 
     async def sign_in(self, request: Request) -> Response:
@@ -134,13 +138,47 @@ class Console:
             session = self.sessions.sign_in(secret, address)
         if session is None:
             return RedirectResponse("/console?error=wrong_key", status_code=303)
-        response = RedirectResponse("/console", status_code=303)
-        response.set_cookie(COOKIE, session.id, max_age=int(IDLE_TTL_S), path="/console", httponly=True,
-                            samesite="strict", secure=request.url.scheme == "https")
+        return _with_session(RedirectResponse("/console", status_code=303), session, request)
+
+    async def sso_begin(self, request: Request) -> Response:
+        """To the identity provider's sign-in (console/sso.py), with the state in a cookie it brings back."""
+        if self.sso is None:
+            return Response("not found", status_code=404)
+        redirect_uri = self.sso.config.redirect_uri or f"{request.url.scheme}://{request.headers.get('host')}" \
+                                                       "/console/oidc/callback"
+        url, state = await self.sso.begin(redirect_uri)
+        response = RedirectResponse(url, status_code=303)
+        response.set_cookie(STATE_COOKIE, state, max_age=int(PENDING_S), path="/console/oidc", httponly=True,
+                            samesite="lax", secure=request.url.scheme == "https")
+        return response
+
+    async def sso_finish(self, request: Request) -> Response:
+        """The provider's redirect back: a session for the person it signed in, if a group of theirs maps to a
+        role. The page it answers moves on to /console itself: a redirect from here would still count as the
+        provider's navigation, and the browser would withhold the session's SameSite=Strict cookie."""
+        if self.sso is None:
+            return Response("not found", status_code=404)
+        q = request.query_params
+        try:
+            if q.get("error"):
+                raise SignInRefused("sso_denied")
+            person = await self.sso.finish(q.get("state", ""), request.cookies.get(STATE_COOKIE), q.get("code", ""))
+        except (SignInRefused, APIError) as exc:
+            code = exc.args[0] if isinstance(exc, SignInRefused) else "sso_token"
+            log.info("console sign-in through the identity provider refused: %s", code)
+            response = RedirectResponse(f"/console?error={code}", status_code=303)
+        else:
+            session = self.sessions.open(person.role, client_address(request) or "unknown", sso=person.name,
+                                         tenant=person.tenant)
+            response = _with_session(HTMLResponse(_shell("Signed in", '<main class="signin"><p>Signed in. '
+                                                         '<a href="/console">Continue</a></p></main>', None,
+                                                         '<meta http-equiv="refresh" content="0;url=/console">')),
+                                     session, request)
+        response.delete_cookie(STATE_COOKIE, path="/console/oidc", httponly=True, samesite="lax")
         return response
 
     async def sign_out(self, request: Request) -> Response:
-        session = await self._change(request)
+        session = await self._checked(request)
         self.sessions.sign_out(session.id)
         response = RedirectResponse("/console", status_code=303)
         response.delete_cookie(COOKIE, path="/console", httponly=True, samesite="strict")
@@ -149,12 +187,12 @@ class Console:
     # reads
 
     async def now(self, request: Request) -> Response:
-        await self._reader(request)
+        await self._operator(request)
         return JSONResponse(now.snapshot(self.gw, self.window))
 
     async def events(self, request: Request) -> Response:
         """The Now snapshot as server-sent events, every EVENT_INTERVAL_S, while the session lasts."""
-        await self._reader(request)
+        await self._operator(request)
 
         async def stream():
             while await self._session(request) is not None and not await request.is_disconnected():
@@ -164,26 +202,30 @@ class Console:
         return StreamingResponse(stream(), media_type="text/event-stream")
 
     async def tenants(self, request: Request) -> Response:
-        await self._reader(request)
-        store, moment = self.gw.store, time.time()
-        tenants, keys, audit = await asyncio.gather(asyncio.to_thread(store.tenants), asyncio.to_thread(store.keys),
-                                                    asyncio.to_thread(store.audit, 50))
+        """Every tenant, key and the audit log; a member's session: its tenant and its keys only."""
+        session = await self._reader(request)
+        store, moment, mine = self.gw.store, time.time(), session.tenant if session.role == MEMBER else None
+        reads = [asyncio.to_thread(store.tenants), asyncio.to_thread(store.keys, mine)]
+        if mine is None:
+            reads.append(asyncio.to_thread(store.audit, 50))
+        tenants, keys, *audit = await asyncio.gather(*reads)
         rows = []
         for t in tenants:
+            if mine is not None and t.name != mine:
+                continue
             start, end = budget_period(t.budget_period, moment)
             spent = (await asyncio.to_thread(store.spent_by_tenant, start)).get(t.id, 0.0)
             rows.append(tenant_json(t) | {"spent_usd": spent, "period_start_unix_s": start, "period_end_unix_s": end})
-        return JSONResponse({"tenants": rows, "keys": keys, "audit": audit})
+        return JSONResponse({"tenants": rows, "keys": keys} | ({"audit": audit[0]} if audit else {}))
 
     async def usage(self, request: Request) -> Response:
-        await self._reader(request)
+        session = await self._reader(request)
         started = time.perf_counter()
-        rows = await self._usage_rows(request)
+        rows = await self._usage_rows(request, session)
         return JSONResponse({"data": rows, "query_ms": (time.perf_counter() - started) * 1000})
 
     async def usage_csv(self, request: Request) -> Response:
-        await self._reader(request)
-        rows = await self._usage_rows(request)
+        rows = await self._usage_rows(request, await self._reader(request))
         out = io.StringIO()
         writer = csv.DictWriter(out, ["date", "tenant", "model", "priority_class", *SUMS], extrasaction="ignore")
         writer.writeheader()
@@ -192,14 +234,14 @@ class Console:
                         headers={"content-disposition": 'attachment; filename="inferd-usage.csv"'})
 
     async def history(self, request: Request) -> Response:
-        await self._reader(request)
+        await self._operator(request)
         fine = request.query_params.get("resolution") == "minute"
         return JSONResponse({"deployments": [{"name": d.name, "version": d.version,
                                               "points": self.window.history(d.name, d.version, fine)}
                                              for d in self.gw.deployments.every()]})
 
     async def rollouts(self, request: Request) -> Response:
-        await self._reader(request)
+        await self._operator(request)
         rows = self.gw.rollouts.status() if self.gw.rollouts is not None else []
         return JSONResponse({"rollouts": rows, "autoscaling": self.admin.autoscalers()})
 
@@ -249,8 +291,23 @@ class Console:
             raise AuthenticationFailed("Sign in to the console first.", code="console_signed_out")
         return session
 
+    async def _operator(self, request: Request) -> Session:
+        """A session that sees the whole service (not a member's, which sees its tenant only)."""
+        session = await self._reader(request)
+        if session.role == MEMBER:
+            raise PermissionDenied("A tenant member's session sees its tenant's usage and keys only.",
+                                   code="console_tenant_only")
+        return session
+
     async def _change(self, request: Request) -> Session:
         """The session that may make this change: signed in, an admin, same origin, the right CSRF token."""
+        session = await self._checked(request)
+        if session.role != ADMIN:
+            raise PermissionDenied("This session may only read.", code="console_read_only")
+        return session
+
+    async def _checked(self, request: Request) -> Session:
+        """A signed-in session's POST: same origin, the right CSRF token."""
         _same_origin(request)
         session = await self._reader(request)
         token = request.headers.get("x-csrf-token")
@@ -258,11 +315,9 @@ class Console:
             token = (await _form(request)).get("csrf_token")
         if not csrf_ok(session, token):
             raise PermissionDenied("Missing or wrong CSRF token.", code="csrf_token_invalid")
-        if session.role != ADMIN:
-            raise PermissionDenied("This session may only read (viewer).", code="console_read_only")
         return session
 
-    async def _usage_rows(self, request: Request) -> list[dict]:
+    async def _usage_rows(self, request: Request, session: Session) -> list[dict]:
         q = request.query_params
         try:
             until = _day(q["until"]) + 1 if q.get("until") else int(time.time() // DAY_S) + 1
@@ -271,7 +326,8 @@ class Console:
             raise InvalidRequest("since and until are dates (YYYY-MM-DD)") from None
         if not 0 < until - since <= MAX_USAGE_DAYS:
             raise InvalidRequest(f"since..until must span 1 to {MAX_USAGE_DAYS} days")
-        rows = await asyncio.to_thread(self.gw.store.usage_daily, since * DAY_S, until * DAY_S, q.get("tenant") or None)
+        tenant = session.tenant if session.role == MEMBER else q.get("tenant") or None
+        rows = await asyncio.to_thread(self.gw.store.usage_daily, since * DAY_S, until * DAY_S, tenant)
         dates = {day: date.fromordinal(EPOCH_ORDINAL + day).isoformat() for day in range(since, until)}
         for r in rows:
             r["date"] = dates[r["day"]]
@@ -298,6 +354,12 @@ def _same_origin(request: Request) -> None:
         raise PermissionDenied("Cross-origin request refused.", code="cross_origin")
 
 
+def _with_session(response: Response, session: Session, request: Request) -> Response:
+    response.set_cookie(COOKIE, session.id, max_age=int(IDLE_TTL_S), path="/console", httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
 def _secured(endpoint):
     async def wrapped(request: Request) -> Response:
         response = await endpoint(request)
@@ -319,14 +381,21 @@ def _shell(title: str, body: str, script: str | None, meta: str = "") -> str:
 
 ERRORS = {"wrong_key": "That key is not the admin or viewer key.",
           "wrong_password": "Wrong user name or password.",
-          "too_many_attempts": "Too many failed sign-ins from this address; wait a few seconds."}
+          "too_many_attempts": "Too many failed sign-ins from this address; wait a few seconds.",
+          "sso_denied": "The identity provider did not sign you in.",
+          "sso_state": "That sign-in expired or did not start here; sign in again.",
+          "sso_code": "The identity provider did not confirm the sign-in; sign in again.",
+          "sso_token": "The identity provider's answer did not check out; sign in again.",
+          "sso_no_role": "You are signed in at the identity provider, but none of your groups has a role here."}
 
 
-def signin_page(enabled: bool, error: str | None) -> str:
-    message = ERRORS.get(error or "", "") if enabled else \
+def signin_page(enabled: bool, error: str | None, sso: bool = False) -> str:
+    message = ERRORS.get(error or "", "") if enabled or sso else \
         "The console is off: start the gateway with --admin-key (and --console-viewer-key for read-only), or " \
-        "add a user with `inferd console user add`."
-    return _shell("Sign in", f'''<main class="signin"><h1>inferd console</h1>
+        "add a user with `inferd console user add`, or set up sign-in through an identity provider (oidc)."
+    provider = '<p><a class="button" id="sso-sign-in" href="/console/oidc/sign-in">Sign in with your identity ' \
+               'provider</a></p>' if sso else ""
+    return _shell("Sign in", f'''<main class="signin"><h1>inferd console</h1>{provider}
 <form method="post" action="/console/sign-in" id="signin">
 <label for="user">User name (leave empty to sign in with a key)</label>
 <input type="text" name="user" id="user" autocomplete="username" autofocus>
@@ -339,11 +408,10 @@ def signin_page(enabled: bool, error: str | None) -> str:
 def console_page(session: Session) -> str:
     meta = (f'<meta name="csrf-token" content="{html.escape(session.csrf_token)}">'
             f'<meta name="console-role" content="{html.escape(session.role)}">')
-    tabs = "".join(f'<a href="#{t}" data-tab="{t}">{t.capitalize()}</a>' for t in
-                   ("now", "tenants", "usage", "history", "rollouts"))
+    shown = ("tenants", "usage") if session.role == MEMBER else ("now", "tenants", "usage", "history", "rollouts")
+    tabs = "".join(f'<a href="#{t}" data-tab="{t}">{t.capitalize()}</a>' for t in shown)
     return _shell("Console", f'''<header><strong>inferd console</strong><nav>{tabs}</nav>
-<span class="who">{html.escape(f"{session.user} · {session.role}" if session.user else session.role)}</span>
+<span class="who" id="who">{html.escape(session.shown_as)}</span>
 <form method="post" action="/console/sign-out"><input type="hidden" name="csrf_token"
 value="{html.escape(session.csrf_token)}"><button type="submit" id="sign-out">Sign out</button></form></header>
-<main><section id="now"></section><section id="tenants"></section><section id="usage"></section>
-<section id="history"></section><section id="rollouts"></section></main>''', "console.js", meta)
+<main>{"".join(f'<section id="{t}"></section>' for t in shown)}</main>''', "console.js", meta)

@@ -1,7 +1,8 @@
 """Who is signed in to the console: sessions in this gateway's memory, behind an HTTP-only cookie.
 
     sign in    POST the admin key (role admin) or the viewer key (role viewer: reads, changes nothing), or a
-               console user's name and password (its role; console/users.py checks the password);
+               console user's name and password (its role; console/users.py checks the password), or through
+               the identity provider (console/sso.py: admin, viewer, or member: reads its own tenant only);
                failures are limited per client address, and per user name, by the same bucket as failed API
                keys (auth.FailedAuthentications): past it the page says to wait
     session    a random id in the cookie `inferd_console` (HttpOnly, SameSite=Strict, Path=/console), valid
@@ -23,7 +24,7 @@ SESSION_TTL_S = 8 * 3600.0
 IDLE_TTL_S = 30 * 60.0
 USER_RECHECK_S = 5.0
 MAX_SESSIONS = 1000  # beyond, the oldest session is signed out
-ADMIN, VIEWER = "admin", "viewer"
+ADMIN, VIEWER, MEMBER = "admin", "viewer", "member"
 
 
 @dataclass(slots=True)
@@ -37,11 +38,20 @@ class Session:
     user: str | None = None  # a console user's name; None: signed in with a key
     password_hash: str | None = None  # the user's at sign-in: a changed password ends the session
     checked_s: float = 0.0  # when the store last confirmed the user
+    sso: str | None = None  # the name the identity provider gave (console/sso.py)
+    tenant: str | None = None  # a member's: the one tenant it sees
 
     @property
     def actor(self) -> str:
         """Who the audit log names for this session's changes."""
-        return f"console-user:{self.user}@{self.address}" if self.user else f"console:{self.role}@{self.address}"
+        if self.user:
+            return f"console-user:{self.user}@{self.address}"
+        return f"console-sso:{self.sso}@{self.address}" if self.sso else f"console:{self.role}@{self.address}"
+
+    @property
+    def shown_as(self) -> str:
+        who = self.user or self.sso
+        return f"{who} · {self.role}" + (f" of {self.tenant}" if self.tenant else "") if who else self.role
 
 
 class Sessions:
@@ -66,10 +76,13 @@ class Sessions:
             return None
         return self.open(role, address)
 
-    def open(self, role: str, address: str, user: dict | None = None) -> Session:
-        """A new session of this role (for this console user, whose password was checked)."""
+    def open(self, role: str, address: str, user: dict | None = None, sso: str | None = None,
+             tenant: str | None = None) -> Session:
+        """A new session of this role (for this console user, whose password was checked; or for the person the
+        identity provider signed in, a member of tenant)."""
         now = self._clock()
-        session = Session(secrets.token_urlsafe(32), role, secrets.token_urlsafe(32), address, now, now)
+        session = Session(secrets.token_urlsafe(32), role, secrets.token_urlsafe(32), address, now, now,
+                          sso=sso, tenant=tenant)
         if user is not None:
             session.user, session.password_hash, session.checked_s = user["name"], user["password_hash"], now
         self._open[session.id] = session

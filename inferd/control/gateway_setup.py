@@ -57,6 +57,7 @@ def gateway_config(args: argparse.Namespace, default_inflight: int) -> GatewayCo
     if args.files_dir:
         config.files_dir = Path(args.files_dir)
     config.lease_s = args.lease_s
+    config.oidc = settings.get("oidc")
     tls = settings.get("tls") or {}
     certfile, keyfile = args.ssl_certfile or tls.get("certfile"), args.ssl_keyfile or tls.get("keyfile")
     if keyfile and not certfile:

@@ -18,6 +18,7 @@ from inferd.gateway import admin, classical, embeddings, runtimes, text
 from inferd.gateway.async_jobs import AsyncJobStore, AsyncRoutes, wants_async
 from inferd.gateway.async_runner import AsyncRunner
 from inferd.gateway.auth import KeyCache, authorization, client_address
+from inferd.gateway.oidc import Issuer, TokenKeys
 from inferd.gateway.batch_runner import BatchRunner
 from inferd.gateway.batches import BatchRoutes, BatchStore
 from inferd.gateway.charges import Charges
@@ -68,6 +69,9 @@ class Gateway:
         self.tracer = tracer or trace.NoOpTracer()
         self.tracer_provider = tracer_provider
         self.keys = KeyCache(store, config.key_cache_ttl_s)
+        self.issuer = Issuer(config.oidc.issuer, config.oidc.leeway_s) if config.oidc else None  # oidc.py
+        if config.oidc and config.oidc.audience:
+            self.keys.tokens = TokenKeys(self.issuer, config.oidc, store)
         self.usage = UsageWriter(store, config.usage_journal)
         self.metrics = GatewayMetrics(config.tenant_label_limit)
         self.metrics.watch(self._collect)
@@ -90,6 +94,8 @@ class Gateway:
     async def start(self) -> None:
         await self.usage.start()  # inserts what a killed predecessor journaled before anything is served
         self.keys.start()
+        if self.issuer is not None:
+            await self.issuer.start()
         for service in self.services:
             await service.start(self)
         await self.batch_runner.start()  # resumes the store's unfinished batches
@@ -99,6 +105,8 @@ class Gateway:
         await self.async_runner.close()
         await self.batch_runner.close()
         await self.keys.close()
+        if self.issuer is not None:
+            await self.issuer.close()
         for service in self.services:
             await service.close()
         await self.usage.close()

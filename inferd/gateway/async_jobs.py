@@ -34,6 +34,7 @@ from inferd.gateway.auth import authorization, client_address
 from inferd.gateway.batch_runner import queued_tokens_cap
 from inferd.gateway.files import list_page, page_limit
 from inferd.gateway.kinds import Operation
+from inferd.gateway.oidc import stored_key_required
 from inferd.gateway.tables import async_jobs, webhook_deliveries
 from inferd.protocol import headers
 from inferd.protocol.errors import InvalidRequest, NotFound, RateLimitExceeded
@@ -203,6 +204,7 @@ class AsyncRoutes:
         """The 202 for a request that asked to be answered asynchronously; its checks are the sync route's."""
         gw, config = self.gw, self.gw.config
         key = await self._key(request)
+        stored_key_required(key, "Async jobs")
         content = await read_body(request, min(op.max_body_bytes or config.max_body_bytes, config.max_body_bytes))
         raw = op.decode(content)
         body = op.body_type.model_validate(raw)

@@ -21,6 +21,7 @@ from collections import OrderedDict
 
 from inferd.gateway.keys import hash_matches, identified
 from inferd.gateway.limits import retry_after_header
+from inferd.gateway.oidc import TokenKeys, looks_like_token
 from inferd.gateway.policy import KeyPolicy
 from inferd.gateway.store import UNAVAILABLE, Store
 from inferd.protocol.errors import AuthenticationFailed, RateLimitExceeded, ServiceUnavailable
@@ -90,6 +91,7 @@ class KeyCache:
         self._loading: dict[str, asyncio.Future] = {}
         self._used: dict[str, float] = {}  # lookup id of a valid key: when it last authenticated
         self._warmer: asyncio.Task | None = None
+        self.tokens: TokenKeys | None = None  # an identity provider's access tokens too (gateway/oidc.py)
 
     def start(self) -> None:
         self._warmer = asyncio.get_running_loop().create_task(self._keep_warm())
@@ -103,15 +105,14 @@ class KeyCache:
         """The key's policy; client (the peer's address) is charged for a failure and refused past its allowance."""
         scheme, _, key = (authorization or "").partition(" ")
         key = key.strip()
+        if self.tokens is not None and looks_like_token(key) and scheme.lower() == "bearer":
+            return self.tokens.cached(key) or await self._token(key, client)
         lookup, hashed = identified(key) if scheme.lower() == "bearer" and key else (None, "")
         cached = self._cached(lookup) if lookup else None
         if cached is not None and hash_matches(hashed, cached[1]):
             self._used[lookup] = time.monotonic()
             return cached[0]
-        if client is not None and (wait_s := self.failures.retry_after_s(client)):
-            raise RateLimitExceeded(f"Too many failed authentications from {client}; retry after {wait_s:.1f} s.",
-                                    code="too_many_failed_authentications",
-                                    headers={"retry-after": retry_after_header(wait_s)})
+        self._check_failures(client)
         if lookup is None:
             self._failed(client)
             raise AuthenticationFailed("Missing API key: send it as 'Authorization: Bearer <key>'.")
@@ -121,6 +122,20 @@ class KeyCache:
             raise AuthenticationFailed("Incorrect API key provided.")
         self._used[lookup] = time.monotonic()
         return found[0]
+
+    async def _token(self, token: str, client: str | None) -> KeyPolicy:
+        self._check_failures(client)
+        try:
+            return await self.tokens.authenticate(token)
+        except AuthenticationFailed:
+            self._failed(client)
+            raise
+
+    def _check_failures(self, client: str | None) -> None:
+        if client is not None and (wait_s := self.failures.retry_after_s(client)):
+            raise RateLimitExceeded(f"Too many failed authentications from {client}; retry after {wait_s:.1f} s.",
+                                    code="too_many_failed_authentications",
+                                    headers={"retry-after": retry_after_header(wait_s)})
 
     def _failed(self, client: str | None) -> None:
         if client is not None:

@@ -25,6 +25,7 @@ from inferd.gateway import leases
 from inferd.gateway.auth import authorization, client_address
 from inferd.gateway.files import list_page, page_limit
 from inferd.gateway.kinds import Operation
+from inferd.gateway.oidc import stored_key_required
 from inferd.gateway.tables import batch_lines, batches
 from inferd.protocol.errors import InvalidRequest, NotFound, to_api_error
 from inferd.protocol.http import decode_json
@@ -265,6 +266,7 @@ class BatchRoutes:
 
     async def create(self, request: Request) -> Response:
         key = await self._key(request)
+        stored_key_required(key, "Batches")
         try:
             body = decode_json(await request.body())
         except ValueError:

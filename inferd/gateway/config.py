@@ -1,4 +1,5 @@
 """The gateway's settings: one typed object, from CLI flags and an optional YAML file (prices, queues)."""
+import os
 import uuid
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -7,6 +8,7 @@ from typing import Any
 import yaml
 
 from inferd.gateway.admission import QueueConfig
+from inferd.gateway.oidc import OIDCConfig
 from inferd.gateway.policy import PolicyError
 from inferd.gateway.response_cache import ResponseCacheConfig
 from inferd.router.router import RouterConfig
@@ -46,6 +48,7 @@ class GatewayConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     ssl_certfile: Path | None = None  # HTTPS on the public port (control/tls.py reloads it)
     ssl_keyfile: Path | None = None
+    oidc: OIDCConfig | None = None  # tokens and sign-in from an identity provider (gateway/oidc.py)
     response_cache: ResponseCacheConfig | None = None  # the text deployment's made from flags (a spec's: its own)
     key_cache_ttl_s: float = 0.5  # a revoked key stops working within this (+ one store read)
     usage_journal: Path = Path.home() / ".inferd" / "usage.journal"  # one per gateway process (usage.py)
@@ -76,17 +79,45 @@ class GatewayConfig:
 
 
 def load_settings_file(path: str | Path) -> dict[str, Any]:
-    """Read prices, queue and TLS settings from YAML; unknown fields are errors that name them."""
+    """Read prices, queue, TLS and OIDC settings from YAML; unknown fields are errors that name them."""
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    _known(raw, {"prices", "queue", "tls"}, str(path))
+    _known(raw, {"prices", "queue", "tls", "oidc"}, str(path))
     prices = {model: ModelPrice(**_known(p or {}, _names(ModelPrice), f"prices.{model}"))
               for model, p in (raw.get("prices") or {}).items()}
     queue = QueueConfig(**_known(raw.get("queue") or {}, _names(QueueConfig), "queue"))
     tls = _known(raw.get("tls") or {}, {"certfile", "keyfile"}, "tls")
-    return {"prices": prices, "queue": queue, "tls": tls}
+    return {"prices": prices, "queue": queue, "tls": tls, "oidc": oidc_config(raw.get("oidc"))}
+
+
+OIDC_FIELDS = {"issuer", "audience", "tenant_claim", "client_id", "client_secret_file", "groups_claim", "roles",
+               "scopes", "redirect_uri", "leeway_s"}
+
+
+def oidc_config(raw: dict | None) -> OIDCConfig | None:
+    """The `oidc:` section; the client's secret from client_secret_file, else $INFERD_OIDC_CLIENT_SECRET (never
+    from the YAML itself)."""
+    if raw is None:
+        return None
+    raw = dict(_known(raw, OIDC_FIELDS, "oidc"))
+    if "issuer" not in raw:
+        raise PolicyError("oidc.issuer: required (the identity provider's issuer URL)")
+    secret_file = raw.pop("client_secret_file", None)
+    try:
+        secret = Path(secret_file).read_text().strip() if secret_file else os.environ.get("INFERD_OIDC_CLIENT_SECRET")
+    except OSError as exc:
+        raise PolicyError(f"oidc.client_secret_file: {exc.strerror}: {secret_file}") from None
+    roles = raw.pop("roles", None) or {}
+    if not isinstance(roles, dict):
+        raise PolicyError("oidc.roles: a mapping of a group to admin, viewer or member")
+    scopes = tuple(raw.pop("scopes", None) or ("openid", "profile", "groups"))
+    try:
+        return OIDCConfig(**raw, client_secret=secret or None, roles={str(g): r for g, r in roles.items()},
+                          scopes=scopes)
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
 
 
 def _names(cls: type) -> set[str]:

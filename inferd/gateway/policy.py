@@ -80,6 +80,7 @@ class KeyPolicy:
     limits: Limits = field(default_factory=Limits)
     allowed_models: tuple[str, ...] | None = None
     priority_class: str | None = None
+    from_token: bool = False  # an identity provider's access token (gateway/oidc.py), not a stored key
 
     def may_use(self, model: str) -> bool:
         return all(allowed is None or model in allowed for allowed in (self.tenant.allowed_models,

@@ -4,7 +4,7 @@
 
 const CSRF = document.querySelector('meta[name="csrf-token"]').content;
 const ROLE = document.querySelector('meta[name="console-role"]').content;
-const TABS = ["now", "tenants", "usage", "history", "rollouts"];
+const TABS = [...document.querySelectorAll("nav a[data-tab]")].map(a => a.dataset.tab);  // a member: its tenant's
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -95,9 +95,9 @@ async function loadTenants(shown) {
     el("form", {id: "new-key", onsubmit: createKey},
        el("select", {id: "new-key-tenant"}, data.tenants.map(t => el("option", {value: t.name}, t.name))),
        el("input", {id: "new-key-name", placeholder: "key name"}), el("button", {type: "submit", id: "create-key"}, "Create key"));
-  const audit = table(["when", "who", "what", "target"], data.audit.map(a => [when(a.at_unix_s), a.actor, a.action, a.target]));
-  replace("tenants", el("h2", {}, "Tenants"), tenants, el("h2", {}, "Keys"), form, shown || "", keys,
-          el("h2", {}, "Audit log"), audit);
+  const audit = data.audit ? [el("h2", {}, "Audit log"), table(["when", "who", "what", "target"],
+    data.audit.map(a => [when(a.at_unix_s), a.actor, a.action, a.target]))] : [];
+  replace("tenants", el("h2", {}, "Tenants"), tenants, el("h2", {}, "Keys"), form, shown || "", keys, ...audit);
 }
 
 async function createKey(e) {
@@ -227,7 +227,7 @@ function autoscalerCard(a) {
 const LOADERS = {tenants: () => loadTenants(), usage: () => loadUsage(), history: loadHistory, rollouts: loadRollouts};
 
 function show() {
-  const tab = TABS.includes(location.hash.slice(1)) ? location.hash.slice(1) : "now";
+  const tab = TABS.includes(location.hash.slice(1)) ? location.hash.slice(1) : TABS[0];
   for (const t of TABS) {
     document.getElementById(t).hidden = t !== tab;
     document.querySelector(`nav a[data-tab="${t}"]`).classList.toggle("active", t === tab);
@@ -237,4 +237,4 @@ function show() {
 
 window.addEventListener("hashchange", show);
 show();
-watchNow();
+if (TABS.includes("now")) watchNow();
