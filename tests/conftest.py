@@ -28,3 +28,11 @@ def smollm2_server(tmp_path_factory):
                         str(SMOLLM2_MAX_MODEL_LEN), "--kv-cache-gib", "0.25", embeddings=True, classical=True,
                         policy=True) as url:
         yield url, log_path
+
+
+def pytest_collection_modifyitems(items):
+    """The runtimes' modules first (vLLM's: ~4 minutes of starting and killing its servers): pytest-xdist's
+    loadfile hands out modules in this order, so they run beside the other worker's modules instead of after
+    them all, on one worker, as their name placed them. CI installs vLLM while inferd installs, so it is ready by
+    then (the module waits for it if not)."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/runtimes/"))
