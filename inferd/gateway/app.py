@@ -21,7 +21,7 @@ from inferd.gateway.auth import KeyCache, authorization, client_address
 from inferd.gateway.oidc import Issuer, TokenKeys
 from inferd.gateway.batch_runner import BatchRunner
 from inferd.gateway.batches import BatchRoutes, BatchStore
-from inferd.gateway.charges import Charges
+from inferd.gateway.charges import BudgetWatch, Charges
 from inferd.gateway.config import GatewayConfig
 from inferd.gateway.deployments import Deployments, Upstream
 from inferd.gateway.federate import replica_metrics
@@ -75,6 +75,8 @@ class Gateway:
         self.usage = UsageWriter(store, config.usage_journal)
         self.metrics = GatewayMetrics(config.tenant_label_limit)
         self.metrics.watch(self._collect)
+        self.budgets = BudgetWatch(store, self.metrics.tenant_label)  # budgets and spend for /metrics
+        self.metrics.watch(self.budgets.collect)
         self.started_unix_s = time.time()
         self.rollouts = None  # the canary rollout controller (inferd.control.rollout), when there are canaries
         self.observers: list[Observer] = []
@@ -94,6 +96,7 @@ class Gateway:
     async def start(self) -> None:
         await self.usage.start()  # inserts what a killed predecessor journaled before anything is served
         self.keys.start()
+        await self.budgets.start(self)
         if self.issuer is not None:
             await self.issuer.start()
         for service in self.services:
@@ -105,6 +108,7 @@ class Gateway:
         await self.async_runner.close()
         await self.batch_runner.close()
         await self.keys.close()
+        await self.budgets.close()
         if self.issuer is not None:
             await self.issuer.close()
         for service in self.services:

@@ -1,6 +1,7 @@
 """What a request is charged against before it runs: rate limits, concurrency and budgets, in one place."""
 import asyncio
 import calendar
+import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -10,6 +11,10 @@ from inferd.gateway.limits import Charge, RateLimited, ratelimit_headers, retry_
 from inferd.gateway.policy import KeyPolicy, Limits
 from inferd.gateway.store import UNAVAILABLE, Store
 from inferd.protocol.errors import APIError, InvalidRequest, Overloaded, RateLimitExceeded, ServiceUnavailable
+from inferd.telemetry.gateway_metrics import OTHER, gauge
+
+log = logging.getLogger(__name__)
+BUDGET_READ_S = 60.0  # how often BudgetWatch reads the tenants' budgets and spend from the store
 
 LIMIT_MESSAGES = {
     "requests_per_minute": "requests per minute", "tokens_per_minute": "tokens per minute",
@@ -61,6 +66,58 @@ class Charges:
             out.append(Charge(f"{tenant.id}:budget:{int(start)}", "budget", "budget", "tenant", tenant.budget_usd,
                               plan.cost_usd, end, spent))
         return out
+
+
+class BudgetWatch:
+    """Each budgeted tenant's budget, its spend this period and the period's end, read from the store every
+    BUDGET_READ_S (the spend of every gateway's records, so each gateway exports the same figure), for /metrics:
+    with the cost counters' rate they tell how soon a budget runs out (the InferdTenantBudgetBurning alert).
+    The tenant label is the cost counters' (the tenant's id, within the gateway's tenant label budget)."""
+
+    def __init__(self, store: Store, tenant_label):
+        self.store, self.tenant_label = store, tenant_label
+        self._rows: list[tuple[str, str, float, float, float]] = []  # (label, name, budget, spent, period end)
+        self._task: asyncio.Task | None = None
+
+    async def start(self, gateway) -> None:
+        self._task = asyncio.create_task(self._watch())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                self._rows = await asyncio.to_thread(self.read, time.time())
+            except UNAVAILABLE as exc:  # the figures read last stay
+                log.warning("tenants' budgets not read from the store: %s", exc)
+            await asyncio.sleep(BUDGET_READ_S)
+
+    def read(self, now_unix_s: float) -> list[tuple[str, str, float, float, float]]:
+        rows, spent = [], {}
+        for t in self.store.tenants():
+            if t.budget_usd is None or (label := self.tenant_label(t.id)) == OTHER:
+                continue
+            start, end = budget_period(t.budget_period, now_unix_s)
+            if start not in spent:
+                spent[start] = self.store.spent_by_tenant(start)
+            rows.append((label, t.name, t.budget_usd, spent[start].get(t.id, 0.0), end))
+        return rows
+
+    def collect(self):
+        labels = ["tenant", "tenant_name"]
+        budget = gauge("inferd_tenant_budget_usd", "A tenant's budget for its period.", labels)
+        spent = gauge("inferd_tenant_budget_spent_usd", "A budgeted tenant's spend this period, from the store.",
+                      labels)
+        end = gauge("inferd_tenant_budget_period_end_timestamp_seconds", "When a budgeted tenant's period ends.",
+                    labels)
+        for label, name, budget_usd, spent_usd, end_s in self._rows:
+            budget.add_metric([label, name], budget_usd)
+            spent.add_metric([label, name], spent_usd)
+            end.add_metric([label, name], end_s)
+        yield from (budget, spent, end)
 
 
 def limit_charges(key: KeyPolicy, model: str, tokens: int) -> list[Charge]:

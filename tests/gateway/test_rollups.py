@@ -76,3 +76,20 @@ def test_changes_to_tenants_and_keys_are_audited_with_their_actor(store):
                    policy.id), ("cli:ops", "tenant.create", "acme")]
     assert store.audit()[2]["detail"] == {"budget_usd": 5.0}
     assert new.key not in str(store.audit())
+
+
+def test_budget_watch_reads_each_budgeted_tenants_spend_this_period(store):
+    """BudgetWatch's figures for /metrics: the budget, the spend since the period's start, the period's end; a
+    tenant with no budget, or past the metrics' tenant label budget, is left out."""
+    from inferd.gateway.charges import BudgetWatch
+    from inferd.telemetry.gateway_metrics import LabelBudget
+    day_tenant = store.create_tenant("daily", budget_usd=10.0, budget_period="day").id
+    month_tenant = store.create_tenant("monthly", budget_usd=100.0, budget_period="month").id
+    store.create_tenant("unbudgeted")
+    now = 19997 * DAY_S + 7200.0  # 1 Oct 2024, 02:00 UTC; each record costs 0.5
+    store.insert_usage(rows_on(19997, 2, day_tenant, "d") + rows_on(19996, 3, day_tenant, "y")
+                       + rows_on(19996, 4, month_tenant, "m") + rows_on(19997, 1, month_tenant, "o"))
+    rows = BudgetWatch(store, LabelBudget(100)).read(now)
+    assert rows == [(day_tenant, "daily", 10.0, 1.0, 19998 * DAY_S),  # yesterday's 1.5 was another period
+                    (month_tenant, "monthly", 100.0, 0.5, (19997 + 31) * DAY_S)]  # and 30 Sep another month
+    assert [r[1] for r in BudgetWatch(store, LabelBudget(1)).read(now)] == ["daily"]  # the other is 'other'
