@@ -1,9 +1,11 @@
 """The alert rules (deploy/prometheus/alerts.yml): promtool checks them and runs their unit tests, every metric they
 read is one a real `inferd serve` exports, every alert's runbook is a section of docs/runbooks.md, and a real
-Prometheus scraping a real `inferd serve` fires the capacity alert when a flood overruns its queue."""
+Prometheus scraping a real `inferd serve` fires the matching alerts through real faults (a full queue, a killed
+replica, a stopped store)."""
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import SMOLLM2_KEY
+from tests.gateway.services import OwnPostgres
 from tests.server import ROOT, free_port, running_server
 
 RULES = ROOT / "deploy" / "prometheus"
@@ -69,35 +72,86 @@ def test_promtool_finds_nothing_to_say_of_metrics_after_traffic(smollm2_server):
     assert linted.returncode == 0 and not said.strip(), said
 
 
-def test_a_full_queue_fires_its_alert_in_a_real_prometheus_scraping_inferd_serve(tmp_path):
-    """Debian's Prometheus scrapes a real `inferd serve` whose one slot and one queue place a flood overruns. The
-    rules are alerts.yml's on a fast clock, each `for:` at 0 s and each rate's window 15 s (promtool's unit tests
-    hold the real ones; a rate over 5 minutes of a series a few seconds old reads far below its pace): the alert
-    for refusals for capacity fires from the gateway's own metrics."""
+def test_real_faults_fire_their_alerts_in_a_real_prometheus_scraping_inferd_serve(tmp_path):
+    """Debian's Prometheus scrapes a real `inferd serve`, whose store is a PostgreSQL of the test's own, through
+    three real faults in turn, each until its alert fires:
+
+    - a flood overruns its one slot and one queue place: InferdRefusingForCapacity;
+    - its one replica is killed: InferdNoReadyReplica, while the pool starts another;
+    - the store is stopped under traffic: InferdUsageRecordsSpilling (the records wait in the journal).
+
+    The rules are alerts.yml's on a fast clock, each `for:` at 0 s and each rate's window 15 s (promtool's unit
+    tests hold the real ones; a rate over 5 minutes of a series a few seconds old reads far below its pace)."""
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         promtool()  # fails in CI, skips elsewhere, with the same reason
         pytest.skip("prometheus is not installed")
     fast = re.sub(r"\n(\s+)for: \d+m\n", r"\n\1for: 0s\n", (RULES / "alerts.yml").read_text())
-    fast = re.sub(r"\[\d+m\]", "[15s]", fast)
+    fast = re.sub(r"\[\d+[mh]\]", "[15s]", fast)
     (tmp_path / "alerts.yml").write_text(fast)
-    with running_server(tmp_path / "serve.log", "--api-key", SMOLLM2_KEY, "--max-inflight", "1", "--max-queue-len",
-                        "1") as url:
-        port = free_port()
-        target = {"job_name": "inferd", "static_configs": [{"targets": [url.removeprefix("http://")]}]}
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": ["alerts.yml"],
-            "scrape_configs": [target]}))
-        proc = subprocess.Popen([prometheus, "--config.file=prometheus.yml", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            firing = flood_until_firing(url, f"http://127.0.0.1:{port}", "InferdRefusingForCapacity")
-        finally:
-            proc.terminate()
-            proc.wait(30)
-    assert firing["labels"]["reason"] == "queue_full" and firing["labels"]["severity"] == "warning"
-    assert firing["annotations"]["runbook_url"] == "docs/runbooks.md#inferdrefusingforcapacity"
+    store = OwnPostgres()
+    store.start()
+    log = tmp_path / "serve.log"
+    try:
+        with running_server(log, "--api-key", SMOLLM2_KEY, "--max-inflight", "1", "--max-queue-len", "1",
+                            "--db", store.url) as url:
+            port = free_port()
+            target = {"job_name": "inferd", "static_configs": [{"targets": [url.removeprefix("http://")]}]}
+            (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": ["alerts.yml"],
+                "scrape_configs": [target]}))
+            proc = subprocess.Popen([prometheus, "--config.file=prometheus.yml",
+                                     f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                    cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            prom = f"http://127.0.0.1:{port}"
+            try:
+                full = flood_until_firing(url, prom, "InferdRefusingForCapacity")
+                assert full["labels"]["reason"] == "queue_full" and full["labels"]["severity"] == "warning"
+                assert full["annotations"]["runbook_url"] == "docs/runbooks.md#inferdrefusingforcapacity"
+
+                [replica] = re.findall(r"started replica pid (\d+)", log.read_text())
+                os.kill(int(replica), signal.SIGKILL)
+                down = until_firing(prom, "InferdNoReadyReplica")
+                assert down["labels"]["severity"] == "page", down
+                until_answered(url)  # the pool's new replica
+
+                store.stop()
+                spilling = flood_until_firing(url, prom, "InferdUsageRecordsSpilling")
+                assert spilling["annotations"]["runbook_url"] == "docs/runbooks.md#inferdusagerecordsbacklog"
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    finally:
+        store.remove()
+
+
+def until_firing(prometheus: str, alert: str, timeout_s: float = 180) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if fired := firing(prometheus, alert):
+            return fired
+        time.sleep(0.5)
+    pytest.fail(f"{alert} did not fire within {timeout_s} s")
+
+
+def until_answered(url: str, timeout_s: float = 180) -> None:
+    chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = httpx.post(f"{url}/v1/chat/completions", json=chat, headers={"authorization": f"Bearer {SMOLLM2_KEY}"},
+                       timeout=60)
+        if r.status_code == 200:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"no answer within {timeout_s} s of the replica's death")
+
+
+def firing(prometheus: str, alert: str) -> dict | None:
+    try:
+        alerts = httpx.get(f"{prometheus}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+    except (httpx.HTTPError, ValueError):
+        return None  # Prometheus is still starting
+    return next((a for a in alerts if a["labels"]["alertname"] == alert and a["state"] == "firing"), None)
 
 
 def flood_until_firing(url: str, prometheus: str, alert: str, timeout_s: float = 180) -> dict:
@@ -109,12 +163,8 @@ def flood_until_firing(url: str, prometheus: str, alert: str, timeout_s: float =
             ThreadPoolExecutor(8) as pool:
         while time.monotonic() < deadline:
             list(pool.map(lambda _: http.post(f"{url}/v1/chat/completions", json=chat), range(8)))
-            try:
-                alerts = http.get(f"{prometheus}/api/v1/alerts").json()["data"]["alerts"]
-            except (httpx.HTTPError, ValueError):
-                continue  # Prometheus is still starting
-            if fired := [a for a in alerts if a["labels"]["alertname"] == alert and a["state"] == "firing"]:
-                return fired[0]
+            if fired := firing(prometheus, alert):
+                return fired
     pytest.fail(f"{alert} did not fire within {timeout_s} s")
 
 
