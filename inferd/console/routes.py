@@ -33,7 +33,8 @@ from inferd.gateway.rollups import DAY_S, SUMS
 from inferd.protocol.errors import APIError, AuthenticationFailed, InvalidRequest, PermissionDenied
 
 STATIC = Path(__file__).parent / "static"
-STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css"}
+STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css", "uplot.min.js": "text/javascript",
+                "uplot.min.css": "text/css"}  # uPlot 1.6.32 from npm (MIT: static/uplot.LICENSE)
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -372,11 +373,13 @@ def _secured(endpoint):
 # pages (no inline script or style: console.js and console.css do the rest)
 
 def _shell(title: str, body: str, script: str | None, meta: str = "") -> str:
-    tag = f'<script src="/console/static/{script}"></script>' if script else ""
+    """The page; with script (console.js), uPlot's script and styles before it."""
+    tags = "".join(f'<script src="/console/static/{s}"></script>' for s in ("uplot.min.js", script)) if script else ""
+    styles = "".join(f'<link rel="stylesheet" href="/console/static/{s}">' for s in
+                     (("uplot.min.css", "console.css") if script else ("console.css",)))
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title} · inferd console</title>'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">{meta}'
-            f'<link rel="stylesheet" href="/console/static/console.css"></head><body>{body}'
-            f'{tag}</body></html>')
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">{meta}{styles}</head>'
+            f'<body>{body}{tags}</body></html>')
 
 
 ERRORS = {"wrong_key": "That key is not the admin or viewer key.",

@@ -8,6 +8,7 @@ the autoscaler's recent decisions with their reasons.
 
 INFERD_CONSOLE_SCREENSHOTS=DIR saves a screenshot of each page there (docs/console/ holds the committed ones)."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -208,8 +209,19 @@ def test_the_console_end_to_end(browser, url):
         browser.refresh()
     assert "chat" in wait_for(browser, "#usage-table").text
     screenshot(browser, "usage")
+    assert "cancelled" in text(browser, "#usage-table thead")
     browser.get(f"{url}/console#history")
-    wait_for(browser, "#history h2")
+    wait_for(browser, "#history figure.chart .uplot")  # uPlot's charts: a time axis, units, the SLO on latency
+    charts = browser.execute_script("return [...document.querySelectorAll('#history figure.chart')].map(f => "
+                                    "[f.dataset.figure, f.querySelector('.u-legend').innerText])")
+    assert "SLO" in dict(charts)["ttft_p95_s"] and "SLO" not in dict(charts)["e2e_p95_s"]
+    assert len(charts) == 8 * len(browser.find_elements("css selector", "#history .card"))
+    from selenium.webdriver.common.action_chains import ActionChains
+    ttft = '#history figure[data-figure="ttft_p95_s"]'
+    ActionChains(browser).move_to_element(browser.find_element("css selector", f"{ttft} .u-over")).perform()
+    legend = text(browser, f"{ttft} .u-legend")  # the values under the cursor: its time, the p95, the SLO
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", legend) and re.search(r"TTFT p95\s*[\d.]+ ms", legend), legend
+    assert "2000 ms" in legend, legend
     screenshot(browser, "history")
 
     browser.find_element("css selector", "#sign-out").click()

@@ -130,27 +130,37 @@ async function loadUsage(e) {
   const data = await api(`/console/api/usage?${params}`);
   form.querySelector("#usage-csv").href = `/console/usage.csv?${params}`;
   replace("usage", form, el("p", {class: "meta", id: "usage-took"}, `${data.data.length} rows in ${num(data.query_ms, 1)} ms`),
-    table(["day", "tenant", "model", "class", "requests", "rejected", "failed", "prompt", "cached", "completion", "cost"],
+    table(["day", "tenant", "model", "class", "requests", "rejected", "failed", "cancelled", "expired", "prompt",
+           "cached", "completion", "cost"],
           data.data.map(r => [r.date, r.tenant, r.model, r.priority_class || "–", String(r.requests), String(r.rejected),
-                              String(r.failed), String(r.prompt_tokens), String(r.cached_tokens),
-                              String(r.completion_tokens), usd(r.cost_usd)]), "usage-table"));
+                              String(r.failed), String(r.cancelled), String(r.expired), String(r.prompt_tokens),
+                              String(r.cached_tokens), String(r.completion_tokens), usd(r.cost_usd)]), "usage-table"));
 }
 
-// History: one small chart per figure, drawn on a canvas
+// History: one chart per figure, by uPlot (vendored in static/, uplot.LICENSE): a time axis, the unit on the value
+// axis, the values under the cursor in the legend, and the SLO as a dashed line where there is one
 
-function chart(title, points, key, scale) {
-  const canvas = el("canvas", {width: 320, height: 120, class: "chart"});
-  const ctx = canvas.getContext("2d");
-  const values = points.map(p => (p[key] ?? 0) * (scale || 1));
-  const top = Math.max(...values, 1e-9);
-  ctx.strokeStyle = "#2b6cb0"; ctx.beginPath();
-  values.forEach((v, i) => {
-    const x = 4 + (312 * i) / Math.max(values.length - 1, 1), y = 112 - 100 * v / top;
-    if (i) ctx.lineTo(x, y); else ctx.moveTo(x, y);
-  });
-  ctx.stroke(); ctx.fillStyle = "#555"; ctx.fillText(`max ${top.toPrecision(3)}`, 4, 10);
-  return el("figure", {}, canvas, el("figcaption", {}, title));
+function chart(title, unit, span, points, key, scale, slo) {
+  // the window's two ends as points of their own, so that the time axis is the window and the SLO spans it
+  const figure = el("figure", {class: "chart", "data-figure": key});
+  const end = Date.now() / 1000, xs = [end - span, ...points.map(p => p.start_unix_s), end];
+  const data = [xs, [null, ...points.map(p => (p[key] === null || p[key] === undefined) ? null : p[key] * (scale || 1)),
+                     null]];
+  const shown = (u, v) => (v === null || v === undefined) ? "–" : `${Number(v.toPrecision(3))} ${unit}`;
+  const series = [{value: (u, t) => t ? when(t) : "–"},
+                  {label: title, stroke: "#2b6cb0", width: 1.5, value: shown, spanGaps: false}];
+  if (slo !== undefined) {
+    data.push(xs.map(() => slo));
+    series.push({label: "SLO", stroke: "#c53030", dash: [6, 4], width: 1, value: shown, points: {show: false}});
+  }
+  const top = Math.max(0, ...data[1].filter(v => v !== null), slo || 0);
+  new uPlot({width: 360, height: 170, series, cursor: {drag: {x: false, y: false}},
+             scales: {x: {time: true, range: () => [xs[0], end]}, y: {range: () => [0, top > 0 ? top * 1.15 : 1]}},
+             axes: [{}, {label: unit, labelSize: 14, size: 52}]}, data, figure);
+  return figure;
 }
+
+const SLO = {ttft_p95_s: 2.0, tpot_p95_s: 0.2};  // as deploy/prometheus/alerts.yml and the Grafana dashboard
 
 async function loadHistory() {
   const res = document.getElementById("history-minute") && document.getElementById("history-minute").checked;
@@ -158,12 +168,17 @@ async function loadHistory() {
   const toggle = el("label", {}, el("input", {type: "checkbox", id: "history-minute", onchange: loadHistory}),
                     " last hour by minute (else 24 h in 10-minute steps)");
   toggle.firstChild.checked = !!res;
+  const span = res ? 3600 : 86400;
   replace("history", toggle, ...data.deployments.map(d => el("div", {class: "card"},
     el("h2", {}, `${d.name} `, el("small", {}, `${d.version} · ${d.points.length} points`)),
-    chart("requests/s", d.points, "requests_per_s"), chart("TTFT p95 (ms)", d.points, "ttft_p95_s", 1000),
-    chart("TPOT p95 (ms)", d.points, "tpot_p95_s", 1000), chart("E2E p95 (ms)", d.points, "e2e_p95_s", 1000),
-    chart("KV cache (%)", d.points, "kv_cache_usage", 100), chart("queue length (max)", d.points, "queue_length_max"),
-    chart("in flight (max)", d.points, "inflight_max"), chart("failures", d.points, "failures"))));
+    chart("requests", "req/s", span, d.points, "requests_per_s"),
+    chart("TTFT p95", "ms", span, d.points, "ttft_p95_s", 1000, SLO.ttft_p95_s * 1000),
+    chart("TPOT p95", "ms", span, d.points, "tpot_p95_s", 1000, SLO.tpot_p95_s * 1000),
+    chart("E2E p95", "ms", span, d.points, "e2e_p95_s", 1000),
+    chart("KV cache", "%", span, d.points, "kv_cache_usage", 100),
+    chart("queue length (max)", "requests", span, d.points, "queue_length_max"),
+    chart("in flight (max)", "requests", span, d.points, "inflight_max"),
+    chart("not completed", "requests", span, d.points, "failures"))));
 }
 
 // Rollouts and autoscaling
