@@ -220,10 +220,14 @@ class Console:
         return JSONResponse({"tenants": rows, "keys": keys} | ({"audit": audit[0]} if audit else {}))
 
     async def usage(self, request: Request) -> Response:
+        """The daily rows; for a session that sees the whole service, also what did not complete in the last
+        24 h by model and reason (the History's buckets: every tenant's)."""
         session = await self._reader(request)
         started = time.perf_counter()
         rows = await self._usage_rows(request, session)
-        return JSONResponse({"data": rows, "query_ms": (time.perf_counter() - started) * 1000})
+        reasons = self.window.reasons(time.time() - HISTORY_S) if session.role != MEMBER else None
+        return JSONResponse({"data": rows, "query_ms": (time.perf_counter() - started) * 1000} |
+                            ({"not_completed_24h": reasons} if reasons is not None else {}))
 
     async def usage_csv(self, request: Request) -> Response:
         rows = await self._usage_rows(request, await self._reader(request))

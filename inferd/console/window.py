@@ -155,6 +155,15 @@ class Window:
                  "kv_cache_usage": b.kv_usage, "queue_length_max": b.queue_length_max,
                  "inflight_max": b.inflight_max, "ready_replicas": b.ready_replicas} for b in ring.buckets]
 
+    def reasons(self, since_unix_s: float) -> list[dict]:
+        """What did not complete since then, per deployment, version and reason (an error code, such as a client
+        error's, or the status: cancelled when the client left): the Usage tab's table, most first."""
+        out = []
+        for (name, version), s in self.series.items():
+            counts = sum((b.failures for b in s.coarse.since(since_unix_s)), Counter())
+            out += [{"model": name, "version": version, "reason": r, "count": n} for r, n in counts.items()]
+        return sorted(out, key=lambda r: (-r["count"], r["model"], r["reason"]))
+
     def coarse_buckets(self, since_unix_s: float) -> list[tuple[str, str, float, dict]]:
         """(deployment, version, start, bucket) of the History buckets that end after since_unix_s: what the
         console saves each minute (console/routes.py)."""

@@ -188,6 +188,9 @@ def test_the_console_end_to_end(browser, url):
     wait_for(browser, card, "5m 3 ")
     tpot = text(browser, f"{card} table:nth-of-type(2) tbody tr td:nth-child(6)")
     assert tpot.endswith(" ms") and float(tpot.split()[0]) > 0, tpot  # unary answers have a TPOT (decode-s)
+    too_long = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=60,
+                          json={"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10**6})
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"], too_long.text
 
     browser.get(f"{url}/console#tenants")
     button = wait_for(browser, "#key-table button.revoke")
@@ -210,6 +213,8 @@ def test_the_console_end_to_end(browser, url):
     assert "chat" in wait_for(browser, "#usage-table").text
     screenshot(browser, "usage")
     assert "cancelled" in text(browser, "#usage-table thead")
+    reasons = text(browser, "#reasons-table")  # what did not complete in 24 h, by model and reason
+    assert f"chat\tv1\t{too_long.json()['error']['code']}\t1" in reasons, reasons
     browser.get(f"{url}/console#history")
     wait_for(browser, "#history figure.chart .uplot")  # uPlot's charts: a time axis, units, the SLO on latency
     charts = browser.execute_script("return [...document.querySelectorAll('#history figure.chart')].map(f => "

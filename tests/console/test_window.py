@@ -33,6 +33,22 @@ def test_recent_figures_and_failures_by_reason():
     assert w.recent("m", "v1")["last_5m"]["requests"] == 0 and w.recent("m", "v1")["last_60m"]["requests"] == 100
 
 
+def test_what_did_not_complete_by_model_and_reason_over_a_day():
+    clock = Clock()
+    w = Window(lambda name, version: name in ("m", "n"), clock)
+    for _ in range(3):
+        w.observe(record(status="rejected", error_code="context_length_exceeded"))
+    w.observe(record(status="cancelled", error_code="client_closed_request"))
+    w.observe(record(model="n", status="failed"))  # no code: its status
+    w.observe(record())
+    assert w.reasons(clock.t - 86400) == [
+        {"model": "m", "version": "v1", "reason": "context_length_exceeded", "count": 3},
+        {"model": "m", "version": "v1", "reason": "client_closed_request", "count": 1},
+        {"model": "n", "version": "v1", "reason": "failed", "count": 1}]
+    clock.t += 86400 + 600
+    assert w.reasons(clock.t - 86400) == []
+
+
 def test_memory_stays_bounded_over_days():
     clock = Clock()
     w = Window(lambda name, version: True, clock)

@@ -134,7 +134,10 @@ async function loadUsage(e) {
            "cached", "completion", "cost"],
           data.data.map(r => [r.date, r.tenant, r.model, r.priority_class || "–", String(r.requests), String(r.rejected),
                               String(r.failed), String(r.cancelled), String(r.expired), String(r.prompt_tokens),
-                              String(r.cached_tokens), String(r.completion_tokens), usd(r.cost_usd)]), "usage-table"));
+                              String(r.cached_tokens), String(r.completion_tokens), usd(r.cost_usd)]), "usage-table"),
+    ...(data.not_completed_24h ? [el("h2", {}, "Not completed in the last 24 h, by reason"),
+      table(["model", "version", "reason", "requests"], data.not_completed_24h.map(r => [r.model, r.version, r.reason,
+            String(r.count)]), "reasons-table")] : []));
 }
 
 // History: one chart per figure, by uPlot (vendored in static/, uplot.LICENSE): a time axis, the unit on the value
