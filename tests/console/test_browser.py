@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.browser import chromium, wait_for
 from tests.server import ROOT, db_url, running_server
 
 ADMIN_KEY = "console-admin-key-for-tests"
@@ -71,38 +72,9 @@ def url(folder):
 
 @pytest.fixture(scope="module")
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):
-        options.add_argument(flag)
-    options.binary_location = shutil.which("chromium") or ""
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = chromium()
     yield driver
     driver.quit()
-
-
-def wait_for(browser, css: str, text: str = "", timeout_s: float = 30.0):
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
-    from selenium.common.exceptions import TimeoutException, WebDriverException
-    found = (ec.text_to_be_present_in_element((By.CSS_SELECTOR, css), text) if text
-             else ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
-
-    def condition(driver):  # a look while the page navigates (sign-out reloads it) is "not yet", not an error
-        try:
-            return found(driver)
-        except WebDriverException as e:
-            if "navigat" not in str(e):
-                raise
-            return False
-    try:
-        WebDriverWait(browser, timeout_s).until(condition)
-    except TimeoutException:
-        pytest.fail(f"no {css!r} with {text!r} in {timeout_s} s; the page says:\n"
-                    f"{browser.find_element(By.TAG_NAME, 'body').text[:2000]}")
-    return browser.find_element(By.CSS_SELECTOR, css)
 
 
 def text(browser, css: str) -> str:
@@ -223,8 +195,9 @@ def test_the_console_end_to_end(browser, url):
     assert len(charts) == 8 * len(browser.find_elements("css selector", "#history .card"))
     from selenium.webdriver.common.action_chains import ActionChains
     ttft = '#history figure[data-figure="ttft_p95_s"]'
-    ActionChains(browser).move_to_element(browser.find_element("css selector", f"{ttft} .u-over")).perform()
-    legend = text(browser, f"{ttft} .u-legend")  # the values under the cursor: its time, the p95, the SLO
+    over = browser.find_element("css selector", f"{ttft} .u-over")
+    ActionChains(browser).move_to_element_with_offset(over, 5 - over.size["width"] // 2, 0).perform()  # far left
+    legend = text(browser, f"{ttft} .u-legend")  # the nearest point with a value: its time, the p95, the SLO
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", legend) and re.search(r"TTFT p95\s*[\d.]+ ms", legend), legend
     assert "2000 ms" in legend, legend
     screenshot(browser, "history")

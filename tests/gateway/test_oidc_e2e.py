@@ -10,12 +10,12 @@ everything, a member of team-a sees only its tenant's keys and usage, a person w
 session."""
 import base64
 import json
-import shutil
 import time
 
 import httpx
 import pytest
 
+from tests.browser import chromium, wait_for
 from tests.gateway.services import missing
 from tests.oidc.idp import API, CONSOLE_SECRET, OTHER_API, IdentityProvider, Unavailable, app_token, signing_key
 from tests.server import db_url, free_port, inferd, running_server, wait_stored
@@ -122,16 +122,7 @@ def test_a_rotated_signing_key_is_taken_once_the_provider_publishes_it(setup):
 
 @pytest.fixture
 def browser():  # one a test: each person signs in to the provider afresh
-    chromedriver = shutil.which("chromedriver")
-    if chromedriver is None:
-        missing("chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):
-        options.add_argument(flag)
-    options.binary_location = shutil.which("chromium") or ""
-    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    driver = chromium()
     yield driver
     driver.quit()
 
@@ -152,21 +143,6 @@ def sign_in_through_the_provider(browser, url: str, login: str) -> None:
             except Exception:  # the page moved on meanwhile
                 pass
         time.sleep(0.2)
-
-
-def wait_for(browser, css: str, text: str = "", timeout_s: float = 30.0):
-    from selenium.webdriver.common.by import By
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = browser.find_elements(By.CSS_SELECTOR, css)
-        try:
-            if found and found[0].is_displayed() and text in found[0].text:
-                return found[0]
-        except Exception:  # stale while the page changes
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"no {css!r} with {text!r} in {timeout_s} s at {browser.current_url}; the page says:\n"
-                f"{browser.find_element(By.TAG_NAME, 'body').text[:2000]}")
 
 
 def console_get(browser, path: str) -> tuple[int, dict]:

@@ -157,7 +157,14 @@ function chart(title, unit, span, points, key, scale, slo) {
     series.push({label: "SLO", stroke: "#c53030", dash: [6, 4], width: 1, value: shown, points: {show: false}});
   }
   const top = Math.max(0, ...data[1].filter(v => v !== null), slo || 0);
-  new uPlot({width: 360, height: 170, series, cursor: {drag: {x: false, y: false}},
+  const nearest = (u, s, i) => {  // the cursor rests on the nearest point that has a value (not a window's end)
+    for (let d = 0; d < xs.length; d++) {
+      if (data[1][i - d] != null) return i - d;
+      if (data[1][i + d] != null) return i + d;
+    }
+    return i;
+  };
+  new uPlot({width: 360, height: 170, series, cursor: {drag: {x: false, y: false}, dataIdx: nearest},
              scales: {x: {time: true, range: () => [xs[0], end]}, y: {range: () => [0, top > 0 ? top * 1.15 : 1]}},
              axes: [{}, {label: unit, labelSize: 14, size: 52}]}, data, figure);
   return figure;
