@@ -46,7 +46,7 @@ serve: install
 	$(BIN)/inferd serve --host $(HOST) --port $(PORT)
 
 test: install-test
-	$(BIN)/python -m pytest -q --durations=20 -n 2 --dist loadfile  # a module (and its server) on one worker
+	$(BIN)/python -m pytest -q --durations=20 -n 2 --dist loadfile --no-loadscope-reorder  # a module (and its server) on one worker, in tests/conftest.py's order
 
 bench-engine: install-test
 	$(BIN)/python benchmarks/engine.py --out benchmarks/results/engine.json

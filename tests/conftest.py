@@ -31,8 +31,13 @@ def smollm2_server(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(items):
-    """The runtimes' modules first (vLLM's: ~4 minutes of starting and killing its servers): pytest-xdist's
-    loadfile hands out modules in this order, so they run beside the other worker's modules instead of after
-    them all, on one worker, as their name placed them. CI installs vLLM while inferd installs, so it is ready by
-    then (the module waits for it if not)."""
-    items.sort(key=lambda item: not item.nodeid.startswith("tests/runtimes/"))
+    """The order pytest-xdist hands out modules in (`make test` passes --no-loadscope-reorder, so it keeps this
+    one): the runtimes' modules first (vLLM's: ~4 minutes of starting and killing its servers, which otherwise came
+    last, alone on one worker), then the rest by how many tests they hold, most first, as xdist's own reordering
+    does. CI installs vLLM while inferd installs, so it is ready by then (the module waits for it if not)."""
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+    count: dict[str, int] = {}
+    for item in items:
+        count[module(item)] = count.get(module(item), 0) + 1
+    items.sort(key=lambda item: (not item.nodeid.startswith("tests/runtimes/"), -count[module(item)]))
