@@ -1,3 +1,4 @@
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -32,12 +33,8 @@ def smollm2_server(tmp_path_factory):
 
 def pytest_collection_modifyitems(items):
     """The order pytest-xdist hands out modules in (`make test` passes --no-loadscope-reorder, so it keeps this
-    one): the runtimes' modules first (vLLM's: ~4 minutes of starting and killing its servers, which otherwise came
-    last, alone on one worker), then the rest by how many tests they hold, most first, as xdist's own reordering
-    does. CI installs vLLM while inferd installs, so it is ready by then (the module waits for it if not)."""
-    def module(item) -> str:
-        return item.nodeid.split("::")[0]
-    count: dict[str, int] = {}
-    for item in items:
-        count[module(item)] = count.get(module(item), 0) + 1
-    items.sort(key=lambda item: (not item.nodeid.startswith("tests/runtimes/"), -count[module(item)]))
+    one): the longest first, by tests/durations.json (a module it lacks counts as a short one), so that no long
+    module is left to run alone on one worker at the end. The vLLM module, the longest, waits for CI's install of
+    vLLM if it has not ended yet."""
+    seconds = json.loads((Path(__file__).with_name("durations.json")).read_text())
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 1.0))
