@@ -1,4 +1,5 @@
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -29,6 +30,17 @@ def smollm2_server(tmp_path_factory):
                         str(SMOLLM2_MAX_MODEL_LEN), "--kv-cache-gib", "0.25", embeddings=True, classical=True,
                         policy=True) as url:
         yield url, log_path
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A test that runs the CLI in process has it set up logging on that test's captured stderr; the root logger is
+    put back after it, so that later tests in the worker do not log to a closed stream."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def pytest_collection_modifyitems(items):
