@@ -2,8 +2,8 @@
 the longest first, so that no long module is left to run alone at the end). Refresh after a full run with a JUnit
 report:
 
-    .venv/bin/python -m pytest -n 2 --dist loadfile --junitxml=/tmp/junit.xml
-    .venv/bin/python tests/durations.py /tmp/junit.xml      # writes tests/durations.json
+    .venv/bin/python -m pytest -n 2 --dist loadfile --junitxml=junit.xml
+    .venv/bin/python tests/durations.py junit.xml      # writes tests/durations.json
 """
 import json
 import sys
