@@ -76,7 +76,7 @@ class BudgetWatch:
 
     def __init__(self, store: Store, tenant_label):
         self.store, self.tenant_label = store, tenant_label
-        self._rows: list[tuple[str, str, float, float, float]] = []  # (label, name, budget, spent, period end)
+        self._rows: list[tuple[str, str, float, float, float]] = []  # (id, name, budget, spent, period end)
         self._task: asyncio.Task | None = None
 
     async def start(self, gateway) -> None:
@@ -98,12 +98,12 @@ class BudgetWatch:
     def read(self, now_unix_s: float) -> list[tuple[str, str, float, float, float]]:
         rows, spent = [], {}
         for t in self.store.tenants():
-            if t.budget_usd is None or (label := self.tenant_label(t.id)) == OTHER:
+            if t.budget_usd is None:
                 continue
             start, end = budget_period(t.budget_period, now_unix_s)
             if start not in spent:
                 spent[start] = self.store.spent_by_tenant(start)
-            rows.append((label, t.name, t.budget_usd, spent[start].get(t.id, 0.0), end))
+            rows.append((t.id, t.name, t.budget_usd, spent[start].get(t.id, 0.0), end))
         return rows
 
     def collect(self):
@@ -113,7 +113,9 @@ class BudgetWatch:
                       labels)
         end = gauge("inferd_tenant_budget_period_end_timestamp_seconds", "When a budgeted tenant's period ends.",
                     labels)
-        for label, name, budget_usd, spent_usd, end_s in self._rows:
+        for tenant_id, name, budget_usd, spent_usd, end_s in self._rows:
+            if (label := self.tenant_label(tenant_id)) == OTHER:  # on the loop, as the cost counters' labels
+                continue
             budget.add_metric([label, name], budget_usd)
             spent.add_metric([label, name], spent_usd)
             end.add_metric([label, name], end_s)

@@ -242,9 +242,12 @@ class TokenKeys:
             policy = await asyncio.to_thread(self.store.tenant, name)
         except StoreError:
             policy = None
-        except UNAVAILABLE as exc:  # the store is down: the policy held (if any) serves on
+        except UNAVAILABLE as exc:  # the store is down: the policy held (if any) serves on, tried again in a while
             log.warning("tenant %s not read for a token: %s", name, exc)
-            return self._tenants.get(name, (0.0, None))[1]
+            if name not in self._tenants:
+                return None
+            self._tenants[name] = (time.monotonic(), self._tenants[name][1])
+            return self._tenants[name][1]
         finally:
             self._reading.pop(name, None)
         self._tenants[name] = (time.monotonic(), policy)

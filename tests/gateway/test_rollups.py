@@ -92,4 +92,7 @@ def test_budget_watch_reads_each_budgeted_tenants_spend_this_period(store):
     rows = BudgetWatch(store, LabelBudget(100)).read(now)
     assert rows == [(day_tenant, "daily", 10.0, 1.0, 19998 * DAY_S),  # yesterday's 1.5 was another period
                     (month_tenant, "monthly", 100.0, 0.5, (19997 + 31) * DAY_S)]  # and 30 Sep another month
-    assert [r[1] for r in BudgetWatch(store, LabelBudget(1)).read(now)] == ["daily"]  # the other is 'other'
+    watch = BudgetWatch(store, LabelBudget(1))
+    watch._rows = rows
+    budget = next(f for f in watch.collect() if f.name == "inferd_tenant_budget_usd")
+    assert [s.labels for s in budget.samples] == [{"tenant": day_tenant, "tenant_name": "daily"}]  # the other: 'other'
